@@ -1,0 +1,2 @@
+pub mod moderation;
+pub mod store;

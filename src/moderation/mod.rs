@@ -1,0 +1,10 @@
+//! The moderation core: categories, classifiers, images and the engine that
+//! runs them for one request. Knows nothing of HTTP.
+
+pub mod category;
+pub mod classifier;
+pub mod image;
+pub mod vision;
+
+pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
+pub use classifier::{ImageClassifier, ImageScores, TextClassifier};

@@ -1,0 +1,193 @@
+//! Storage: API keys and usage events behind one trait, with a PostgreSQL
+//! and a SQLite implementation (each with its own migrations).
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+
+pub mod postgres;
+pub mod sqlite;
+
+/// Errors from a storage backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or timed out: maps to 503.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// A write broke a constraint (for example a duplicate key id).
+    #[error("storage conflict: {0}")]
+    Conflict(String),
+    /// Anything else: maps to 500.
+    #[error("storage error: {0}")]
+    Other(String),
+}
+
+/// A plan. Its rate limit comes from configuration (enterprise: per key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Free,
+    Basic,
+    Pro,
+    Enterprise,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Free, Tier::Basic, Tier::Pro, Tier::Enterprise];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Basic => "basic",
+            Tier::Pro => "pro",
+            Tier::Enterprise => "enterprise",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tier, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown tier {s:?}: expected free, basic, pro or enterprise"))
+    }
+}
+
+/// The public identifier of an API key (also the first part of the secret).
+/// Lower-case hex, 16 characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KeyId(String);
+
+impl KeyId {
+    pub const LEN: usize = 16;
+
+    /// Validates the form; `None` if it is not 16 lower-case hex digits.
+    pub fn parse(s: &str) -> Option<KeyId> {
+        (s.len() == Self::LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| KeyId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stored API key. The secret itself is never stored: only `secret_hash`,
+/// a keyed hash (HMAC-SHA-256 with the operator's pepper) of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiKeyRecord {
+    pub id: KeyId,
+    pub name: String,
+    pub tier: Tier,
+    /// Requests per minute set on this key; required for enterprise, and
+    /// overrides the plan's limit for any tier when set.
+    pub custom_rpm: Option<u32>,
+    pub secret_hash: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// One metered request, authenticated. Written in batches; `request_id` is
+/// unique so that a retried batch never counts a request twice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UsageEvent {
+    pub request_id: String,
+    pub key_id: KeyId,
+    pub at: DateTime<Utc>,
+    pub status: u16,
+    pub text_items: u32,
+    pub text_chars: u64,
+    pub image_items: u32,
+    pub image_bytes: u64,
+    pub deep_analyses: u32,
+    pub flagged: bool,
+    /// Refused by the rate limiter (429).
+    pub rate_limited: bool,
+    /// Counts for billing: a successful (200) moderation.
+    pub billable: bool,
+    pub latency_ms: u32,
+}
+
+/// Granularity of a billing summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Period {
+    Day,
+    Month,
+}
+
+/// Billable usage of one key over one day or month.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BillingRow {
+    pub key_id: KeyId,
+    pub period: Period,
+    /// First day of the period (UTC).
+    pub period_start: NaiveDate,
+    /// Billable requests (status 200).
+    pub requests: u64,
+    pub text_items: u64,
+    pub text_chars: u64,
+    pub image_items: u64,
+    pub deep_analyses: u64,
+    /// Requests refused by the rate limiter (not billed; for reporting).
+    pub rate_limited: u64,
+}
+
+/// What every backend provides. All methods are safe to call concurrently.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Runs the backend's migrations (idempotent).
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// Cheap round trip, for `/ready`.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError>;
+    async fn get_key(&self, id: &KeyId) -> Result<Option<ApiKeyRecord>, StoreError>;
+    /// All keys, revoked ones included, oldest first.
+    async fn list_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
+    /// Marks the key revoked now. `Ok(false)` if there is no such key;
+    /// revoking twice keeps the first time.
+    async fn revoke_key(&self, id: &KeyId) -> Result<bool, StoreError>;
+    /// Changes plan and custom limit. `Ok(false)` if there is no such key.
+    async fn set_tier(&self, id: &KeyId, tier: Tier, custom_rpm: Option<u32>) -> Result<bool, StoreError>;
+
+    /// Inserts a batch in one transaction; events whose `request_id` is
+    /// already stored are skipped (idempotent retries).
+    async fn insert_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError>;
+    /// Events of one key (all keys when `None`), oldest first.
+    async fn usage_events(&self, key: Option<&KeyId>) -> Result<Vec<UsageEvent>, StoreError>;
+    /// Billable usage per key and period, from `since` (inclusive, UTC day)
+    /// on, ordered by key then period start.
+    async fn billing(
+        &self,
+        period: Period,
+        key: Option<&KeyId>,
+        since: Option<NaiveDate>,
+    ) -> Result<Vec<BillingRow>, StoreError>;
+}
+
+/// Opens the backend named by the URL's scheme (`postgres://`,
+/// `postgresql://` or `sqlite:`), creating a SQLite file and its folder when
+/// missing, and runs its migrations.
+pub async fn connect(database_url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    let _ = database_url;
+    Err(StoreError::Other("storage backends are not implemented yet".into()))
+}
