@@ -1,2 +1,205 @@
+//! Moderato: a self-hostable content moderation API.
+//!
+//! [`run`] builds the whole service from a [`config::Config`] and serves it
+//! on a listener until a shutdown token is cancelled.
+
+pub mod cli;
+pub mod config;
+pub mod fsutil;
+pub mod http;
+pub mod keys;
 pub mod moderation;
+pub mod ratelimit;
+pub mod signing;
 pub mod store;
+pub mod telemetry;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use config::{Config, ImageClassifierKind, TextClassifierKind, ThresholdOverrides};
+use moderation::engine::{Engine, EngineParts};
+use moderation::{ImageClassifier, TextClassifier};
+
+/// Serves the service on `listener` until `shutdown` is cancelled, then
+/// finishes the requests in flight (at most `shutdown_grace_ms`) and writes
+/// every pending usage event before returning.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url.0)
+        .await
+        .context("opening the database")?;
+    let spill_dir = spill_dir(&config);
+    match usage::load_spilled(store.as_ref(), &spill_dir).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            events = n,
+            "usage events spilled at the last shutdown are now stored"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "spilled usage events not loaded yet; will retry at next start")
+        }
+    }
+    let pepper = load_pepper(&config)?;
+    let signer = load_signer(&config)?;
+    let engine = Arc::new(build_engine(&config)?);
+    let limiter = match &config.redis_url {
+        Some(url) => ratelimit::RateLimiter::with_redis(&url.0, "moderato:rl:")
+            .map_err(anyhow::Error::msg)?,
+        None => ratelimit::RateLimiter::local(),
+    };
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let (recorder, writer) = usage::UsageRecorder::start(
+        store.clone(),
+        usage::UsageSettings {
+            capacity: config.usage.buffer_capacity,
+            batch_size: config.usage.batch_size,
+            spill_dir,
+        },
+    );
+    let state = http::AppState(Arc::new(http::Shared {
+        limits: config.limits.clone(),
+        engine,
+        store,
+        keys: http::auth::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
+        pepper,
+        plans: config.plans.clone(),
+        limiter,
+        failed_auth: ratelimit::FailedAuthLimiter::new(config.auth.failed_auth_per_minute),
+        usage: recorder,
+        trust_forwarded_for: config.auth.trust_forwarded_for,
+        signer,
+    }));
+    let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    tracing::info!(address = %listener.local_addr()?, "moderato listening");
+
+    let stop = shutdown.clone();
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = &mut server => result?,
+        () = shutdown.cancelled() => {
+            if tokio::time::timeout(grace, &mut server).await.is_err() {
+                tracing::warn!(grace_ms = config.shutdown_grace_ms, "requests still in flight after the grace period were cut off");
+            }
+        }
+    }
+    // The router (and with it every usage sender) is gone: drain the queue.
+    writer.finish(grace).await;
+    tracing::info!("moderato stopped");
+    Ok(())
+}
+
+fn spill_dir(config: &Config) -> PathBuf {
+    config
+        .auth
+        .pepper_file
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("data"))
+}
+
+pub fn load_pepper(config: &Config) -> anyhow::Result<keys::Pepper> {
+    let configured = config.auth.pepper.as_ref().map(|s| s.0.as_str());
+    let (pepper, created) = keys::Pepper::load_or_create(configured, &config.auth.pepper_file)?;
+    if created {
+        tracing::info!(path = %config.auth.pepper_file.display(), "created a new API-key pepper; every replica and the keys CLI must share it");
+    }
+    Ok(pepper)
+}
+
+fn load_signer(config: &Config) -> anyhow::Result<Arc<signing::ResponseSigner>> {
+    let env_pem = config.signing.private_key.as_ref().map(|s| s.0.as_str());
+    let (signer, source) = signing::ResponseSigner::load_or_create(
+        env_pem,
+        &config.signing.key_file,
+        &config.signing.extra_public_keys,
+    )?;
+    match source {
+        signing::KeySource::Created(path) => {
+            tracing::warn!(path = %path.display(), kid = signer.kid(), "no signing key found: created a new one and kept it; back it up and share it across replicas")
+        }
+        signing::KeySource::File(path) => {
+            tracing::info!(path = %path.display(), kid = signer.kid(), "signing key loaded")
+        }
+        signing::KeySource::Environment => tracing::info!(
+            kid = signer.kid(),
+            "signing key loaded from the environment"
+        ),
+    }
+    Ok(Arc::new(signer))
+}
+
+/// Builds the moderation engine from configuration. Loaded models are kept
+/// for the life of the process, so that several apps in one process (the
+/// tests) share them.
+pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
+    let text = text_classifier(config.text_classifier, &config.models_dir)?;
+    let image = match config.image_classifier {
+        ImageClassifierKind::None => None,
+        ImageClassifierKind::Nsfwjs => Some(image_classifier(&config.models_dir)?),
+    };
+    let text_thresholds =
+        ThresholdOverrides::apply(&config.thresholds.text, text.default_thresholds());
+    let image_thresholds = match &image {
+        Some(i) => ThresholdOverrides::apply(&config.thresholds.image, i.default_thresholds()),
+        None => moderation::Thresholds::uniform(0.5),
+    };
+    let vision = moderation::vision::VisionClient::from_settings(&config.vision)?;
+    if vision.is_some() {
+        tracing::info!("deep image analysis provider configured: images are sent to it only for requests with analyze_images=true");
+    }
+    Ok(Engine::new(EngineParts {
+        text,
+        text_thresholds,
+        image,
+        image_thresholds,
+        image_limits: config.limits.image.clone(),
+        vision,
+    }))
+}
+
+type TextCache = Mutex<HashMap<(String, PathBuf), Arc<dyn TextClassifier>>>;
+type ImageCache = Mutex<HashMap<PathBuf, Arc<dyn ImageClassifier>>>;
+
+fn text_classifier(
+    kind: TextClassifierKind,
+    models_dir: &Path,
+) -> anyhow::Result<Arc<dyn TextClassifier>> {
+    static CACHE: OnceLock<TextCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (format!("{kind:?}"), models_dir.to_path_buf());
+    if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(found.clone());
+    }
+    let loaded: Arc<dyn TextClassifier> = match kind {
+        TextClassifierKind::Null => Arc::new(moderation::null::NullClassifier),
+        TextClassifierKind::Lexical | TextClassifierKind::Minilm => {
+            Arc::new(moderation::null::NullClassifier)
+        }
+    };
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, loaded.clone());
+    Ok(loaded)
+}
+
+fn image_classifier(models_dir: &Path) -> anyhow::Result<Arc<dyn ImageClassifier>> {
+    static CACHE: OnceLock<ImageCache> = OnceLock::new();
+    let _ = (models_dir, &CACHE);
+    anyhow::bail!("the nsfwjs image classifier is not available yet")
+}

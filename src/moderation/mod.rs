@@ -8,3 +8,5 @@ pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
+pub mod engine;
+pub mod null;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: fetches the model files if missing, checks that
+# PostgreSQL, Redis and Python's `cryptography` are there, then runs every
+# test (unit and integration, both storage backends).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+pg_url="${MODERATO_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
+  echo "PostgreSQL is not reachable on 127.0.0.1:5432 (tests use $pg_url)." >&2
+  echo "Start it, e.g.: pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main start" >&2
+  exit 1
+fi
+if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
+  echo "Redis is not reachable on 127.0.0.1:6379." >&2
+  echo "Start it, e.g.: redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save \"\" --appendonly no" >&2
+  exit 1
+fi
+if ! "${PYTHON:-python3}" -c 'import cryptography' 2>/dev/null; then
+  echo "Python's cryptography package is missing (the signature tests verify with it): pip install cryptography" >&2
+  exit 1
+fi
+
+cargo test --all-targets "$@"

@@ -1,0 +1,274 @@
+//! The command line: `serve`, key management and the billing report.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use chrono::NaiveDate;
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::store::{ApiKeyRecord, KeyId, Period, Store, Tier};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "moderato",
+    version,
+    about = "Self-hostable content moderation API"
+)]
+pub struct Cli {
+    /// A TOML file layered over the built-in defaults (then MODERATO_* variables).
+    #[arg(long, global = true, env = "MODERATO_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service.
+    Serve,
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Billable usage per key and day (or month).
+    Usage(UsageArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key and print its secret (shown once).
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_parser = parse_tier)]
+        tier: Tier,
+        /// Requests per minute: required for enterprise, overrides the plan otherwise.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        rpm: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key: every replica refuses it within one second.
+    Revoke { id: String },
+    /// List keys (never their secrets).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a key's plan (and custom limit); takes effect without a restart.
+    SetTier {
+        id: String,
+        #[arg(value_parser = parse_tier)]
+        tier: Tier,
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        rpm: Option<u32>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    #[arg(long)]
+    pub key: Option<String>,
+    /// First UTC day to include (YYYY-MM-DD).
+    #[arg(long)]
+    pub since: Option<NaiveDate>,
+    /// `day` or `month`.
+    #[arg(long, default_value = "day", value_parser = parse_period)]
+    pub period: Period,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_tier(s: &str) -> Result<Tier, String> {
+    s.parse()
+}
+
+fn parse_period(s: &str) -> Result<Period, String> {
+    match s {
+        "day" => Ok(Period::Day),
+        "month" => Ok(Period::Month),
+        other => Err(format!("unknown period {other:?}: expected day or month")),
+    }
+}
+
+/// Runs the parsed command. `serve` runs until SIGTERM or Ctrl-C.
+pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+    let config = Config::load(cli.config.as_deref())?;
+    crate::telemetry::init(config.log_format);
+    match cli.command {
+        Command::Serve => serve(config).await,
+        Command::Keys(command) => keys(config, command).await,
+        Command::Usage(args) => usage(config, args).await,
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.addr))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    crate::run(config, listener, shutdown).await
+}
+
+async fn cancel_on_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM");
+                    let _ = ctrl_c.await;
+                    token.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested: finishing requests in flight");
+    token.cancel();
+}
+
+fn key_id(text: &str) -> anyhow::Result<KeyId> {
+    KeyId::parse(text).with_context(|| {
+        format!("{text:?} is not a key id (16 lower-case hex digits, as `keys list` shows)")
+    })
+}
+
+async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
+    let store = crate::store::connect(&config.database_url.0).await?;
+    match command {
+        KeysCommand::Create {
+            name,
+            tier,
+            rpm,
+            json,
+        } => {
+            if tier == Tier::Enterprise && rpm.is_none() {
+                anyhow::bail!("an enterprise key needs its limit: add --rpm N");
+            }
+            let pepper = crate::load_pepper(&config)?;
+            let new = crate::keys::generate(&pepper);
+            let record = ApiKeyRecord {
+                id: new.id.clone(),
+                name,
+                tier,
+                custom_rpm: rpm,
+                secret_hash: new.secret_hash,
+                created_at: chrono::Utc::now(),
+                revoked_at: None,
+            };
+            store.insert_key(&record).await?;
+            let limit = rpm.unwrap_or_else(|| config.plans.rpm(tier));
+            if json {
+                println!(
+                    "{}",
+                    json!({ "id": new.id, "key": new.full_key, "tier": tier, "rpm": limit })
+                );
+            } else {
+                println!("id:   {}\ntier: {tier} ({limit} requests/minute)\nkey:  {}\n\nThe key is shown only now: store it safely.", new.id, new.full_key);
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            let id = key_id(&id)?;
+            if !store.revoke_key(&id).await? {
+                anyhow::bail!("no key with id {id}");
+            }
+            println!("revoked {id}");
+        }
+        KeysCommand::List { json } => print_keys(&config, &store.list_keys().await?, json),
+        KeysCommand::SetTier { id, tier, rpm } => {
+            let id = key_id(&id)?;
+            if tier == Tier::Enterprise && rpm.is_none() {
+                anyhow::bail!("an enterprise key needs its limit: add --rpm N");
+            }
+            if !store.set_tier(&id, tier, rpm).await? {
+                anyhow::bail!("no key with id {id}");
+            }
+            println!(
+                "{id}: tier {tier}, {} requests/minute",
+                rpm.unwrap_or_else(|| config.plans.rpm(tier))
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
+    let rows: Vec<serde_json::Value> = keys
+        .iter()
+        .map(|k| {
+            json!({
+                "id": k.id,
+                "name": k.name,
+                "tier": k.tier,
+                "rpm": k.custom_rpm.unwrap_or_else(|| config.plans.rpm(k.tier)),
+                "created_at": k.created_at,
+                "revoked_at": k.revoked_at,
+            })
+        })
+        .collect();
+    if as_json {
+        println!("{}", serde_json::Value::Array(rows));
+        return;
+    }
+    println!(
+        "{:<16}  {:<10}  {:>6}  {:<8}  name",
+        "id", "tier", "rpm", "status"
+    );
+    for (key, row) in keys.iter().zip(&rows) {
+        let status = if key.revoked_at.is_some() {
+            "revoked"
+        } else {
+            "active"
+        };
+        println!(
+            "{:<16}  {:<10}  {:>6}  {:<8}  {}",
+            key.id, key.tier, row["rpm"], status, key.name
+        );
+    }
+}
+
+async fn usage(config: Config, args: UsageArgs) -> anyhow::Result<()> {
+    let store: std::sync::Arc<dyn Store> = crate::store::connect(&config.database_url.0).await?;
+    let key = args.key.as_deref().map(key_id).transpose()?;
+    let rows = store.billing(args.period, key.as_ref(), args.since).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16}  {:<10}  {:>9}  {:>10}  {:>12}  {:>11}  {:>13}  {:>12}",
+        "key",
+        "period",
+        "requests",
+        "text_items",
+        "text_chars",
+        "image_items",
+        "deep_analyses",
+        "rate_limited"
+    );
+    for r in rows {
+        println!(
+            "{:<16}  {:<10}  {:>9}  {:>10}  {:>12}  {:>11}  {:>13}  {:>12}",
+            r.key_id,
+            r.period_start,
+            r.requests,
+            r.text_items,
+            r.text_chars,
+            r.image_items,
+            r.deep_analyses,
+            r.rate_limited
+        );
+    }
+    Ok(())
+}

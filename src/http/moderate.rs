@@ -1,0 +1,236 @@
+//! `POST /v1/moderate`.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::error::ApiError;
+use super::extract::JsonBody;
+use super::request_id::RequestId;
+use super::AppState;
+use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::image::ImageError;
+use crate::moderation::vision::ImageAnalysis;
+use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
+use crate::usage::UsageStats;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModerateRequest {
+    input: Vec<InputItem>,
+    #[serde(default)]
+    analyze_images: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum InputItem {
+    Text { text: String },
+    Image { base64: String },
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModerateResponse {
+    id: String,
+    model: String,
+    flagged: bool,
+    results: Vec<ItemResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    combined_text: Option<CombinedText>,
+}
+
+#[derive(Debug, Serialize)]
+struct ItemResult {
+    index: usize,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    flagged: bool,
+    categories: CategoryFlags,
+    category_scores: ScoreMap,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    evaluated_categories: Option<Vec<&'static str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image_analysis: Option<ImageAnalysis>,
+}
+
+#[derive(Debug, Serialize)]
+struct CombinedText {
+    flagged: bool,
+    categories: CategoryFlags,
+    category_scores: ScoreMap,
+    items: usize,
+}
+
+/// Every category, in the API's order, with its decision.
+#[derive(Debug)]
+struct CategoryFlags([bool; NUM_CATEGORIES]);
+
+/// Every category, in the API's order, with its score.
+#[derive(Debug)]
+struct ScoreMap(CategoryScores);
+
+impl Serialize for CategoryFlags {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(NUM_CATEGORIES))?;
+        for c in Category::ALL {
+            map.serialize_entry(c.as_str(), &self.0[c.index()])?;
+        }
+        map.end()
+    }
+}
+
+impl Serialize for ScoreMap {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(NUM_CATEGORIES))?;
+        for (c, score) in self.0.iter() {
+            // Six decimals are plenty and keep responses short and stable.
+            map.serialize_entry(c.as_str(), &((f64::from(score) * 1e6).round() / 1e6))?;
+        }
+        map.end()
+    }
+}
+
+pub async fn moderate(
+    State(state): State<AppState>,
+    Extension(request_id): Extension<RequestId>,
+    JsonBody(request): JsonBody<ModerateRequest>,
+) -> Result<Response, ApiError> {
+    let limits = &state.limits;
+    let (items, mut stats) = validate(request.input, limits)?;
+    let moderation = state
+        .engine
+        .moderate(items, request.analyze_images)
+        .await
+        .map_err(engine_error)?;
+    stats.flagged = moderation.flagged;
+    stats.deep_analyses = moderation.deep_analyses;
+    stats.image_bytes = moderation
+        .items
+        .iter()
+        .map(|o| match o {
+            ItemOutcome::Image { bytes, .. } => *bytes as u64,
+            ItemOutcome::Text(_) => 0,
+        })
+        .sum();
+    let body = response_body(request_id.0, state.engine.model_id(), moderation);
+    let mut response = Json(body).into_response();
+    response.extensions_mut().insert(stats);
+    Ok(response)
+}
+
+fn validate(
+    input: Vec<InputItem>,
+    limits: &crate::config::Limits,
+) -> Result<(Vec<Item>, UsageStats), ApiError> {
+    if input.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "input: must contain at least one item".into(),
+        ));
+    }
+    if input.len() > limits.max_items {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "input: {} items is more than the limit of {}",
+            input.len(),
+            limits.max_items
+        )));
+    }
+    let mut stats = UsageStats::default();
+    let mut items = Vec::with_capacity(input.len());
+    for (index, item) in input.into_iter().enumerate() {
+        match item {
+            InputItem::Text { text } => {
+                let chars = text.chars().count();
+                if chars > limits.max_text_chars {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "input[{index}].text: {chars} characters is more than the limit of {}",
+                        limits.max_text_chars
+                    )));
+                }
+                stats.text_items += 1;
+                stats.text_chars += chars as u64;
+                items.push(Item::Text(text));
+            }
+            InputItem::Image { base64 } => {
+                stats.image_items += 1;
+                if stats.image_items as usize > limits.max_images {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "input[{index}]: more than the limit of {} image items",
+                        limits.max_images
+                    )));
+                }
+                items.push(Item::Image(base64));
+            }
+        }
+    }
+    Ok((items, stats))
+}
+
+fn engine_error(error: EngineError) -> ApiError {
+    match error {
+        EngineError::Image { index, error: ImageError::TooLarge(m) } => {
+            ApiError::PayloadTooLarge(format!("input[{index}].base64: {m}"))
+        }
+        EngineError::Image { index, error: ImageError::Invalid(m) } => {
+            ApiError::InvalidImage(format!("input[{index}].base64: {m}"))
+        }
+        EngineError::ImagesDisabled { index } => ApiError::InvalidRequest(format!(
+            "input[{index}]: image items are not accepted because this server has no image classifier configured"
+        )),
+        EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
+    }
+}
+
+fn response_body(id: String, model: String, moderation: Moderation) -> ModerateResponse {
+    let results = moderation
+        .items
+        .into_iter()
+        .enumerate()
+        .map(|(index, outcome)| match outcome {
+            ItemOutcome::Text(verdict) => item_result(index, "text", &verdict, None, None),
+            ItemOutcome::Image {
+                verdict,
+                evaluated,
+                analysis,
+                ..
+            } => {
+                let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
+                item_result(index, "image", &verdict, Some(evaluated), Some(analysis))
+            }
+        })
+        .collect();
+    let combined_text = moderation
+        .combined_text
+        .map(|(verdict, items)| CombinedText {
+            flagged: verdict.flagged,
+            categories: CategoryFlags(verdict.categories),
+            category_scores: ScoreMap(verdict.scores),
+            items,
+        });
+    ModerateResponse {
+        id,
+        model,
+        flagged: moderation.flagged,
+        results,
+        combined_text,
+    }
+}
+
+fn item_result(
+    index: usize,
+    kind: &'static str,
+    verdict: &Verdict,
+    evaluated: Option<Vec<&'static str>>,
+    analysis: Option<ImageAnalysis>,
+) -> ItemResult {
+    ItemResult {
+        index,
+        kind,
+        flagged: verdict.flagged,
+        categories: CategoryFlags(verdict.categories),
+        category_scores: ScoreMap(verdict.scores),
+        evaluated_categories: evaluated,
+        image_analysis: analysis,
+    }
+}

@@ -1,0 +1,363 @@
+//! Per-key rate limits with GCRA: in process with governor, or shared by
+//! every replica through a script run atomically in Redis on Redis's clock.
+//! When Redis cannot be reached the service keeps serving on the in-process
+//! limiter and says so in the log.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{DefaultKeyedRateLimiter, Quota};
+use redis::aio::ConnectionManager;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// How long one Redis round trip may take before the local limiter decides.
+const REDIS_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often to try to (re)connect to Redis while it is away.
+const REDIS_RECONNECT_EVERY: Duration = Duration::from_secs(2);
+/// At most one "Redis unreachable" warning per this interval.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The limiter's answer for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Requests per minute of the key.
+    pub limit: u32,
+    /// Requests that could be made right now, after this one.
+    pub remaining: u32,
+    /// Time until the allowance is whole again.
+    pub reset_after: Duration,
+    /// When refused: time until one request will be admitted.
+    pub retry_after: Duration,
+}
+
+impl Decision {
+    /// From the GCRA state: `tat_after` is how far the theoretical arrival
+    /// time lies ahead of now once this request is counted.
+    fn from_gcra(
+        allowed: bool,
+        limit: u32,
+        tat_after: Duration,
+        retry_after: Duration,
+    ) -> Decision {
+        let interval = emission_interval(limit);
+        let burst_window = interval * limit;
+        let headroom = burst_window.saturating_sub(tat_after);
+        let remaining = if allowed {
+            (headroom.as_micros() / interval.as_micros().max(1)) as u32
+        } else {
+            0
+        };
+        Decision {
+            allowed,
+            limit,
+            remaining: remaining.min(limit),
+            reset_after: tat_after,
+            retry_after,
+        }
+    }
+}
+
+fn emission_interval(rpm: u32) -> Duration {
+    Duration::from_micros(60_000_000 / u64::from(rpm.max(1)))
+}
+
+/// A direct limiter that reports its remaining burst capacity.
+type DirectLimiter =
+    governor::RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>;
+
+/// In-process GCRA limiters, one per bucket, rebuilt when a key's limit changes.
+#[derive(Default)]
+pub struct LocalLimiter {
+    buckets: Mutex<HashMap<String, (u32, Arc<DirectLimiter>)>>,
+}
+
+impl LocalLimiter {
+    pub fn check(&self, bucket: &str, rpm: u32) -> Decision {
+        let rpm = rpm.max(1);
+        let limiter = self.limiter_for(bucket, rpm);
+        let clock = DefaultClock::default();
+        let interval = emission_interval(rpm);
+        match limiter.check() {
+            Ok(snapshot) => {
+                let remaining = snapshot.remaining_burst_capacity();
+                let used = rpm.saturating_sub(remaining);
+                Decision {
+                    allowed: true,
+                    limit: rpm,
+                    remaining,
+                    reset_after: interval * used,
+                    retry_after: Duration::ZERO,
+                }
+            }
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(clock.now());
+                Decision {
+                    allowed: false,
+                    limit: rpm,
+                    remaining: 0,
+                    reset_after: wait + interval * (rpm - 1),
+                    retry_after: wait,
+                }
+            }
+        }
+    }
+
+    fn limiter_for(&self, bucket: &str, rpm: u32) -> Arc<DirectLimiter> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        match buckets.get(bucket) {
+            Some((limit, limiter)) if *limit == rpm => limiter.clone(),
+            _ => {
+                let quota = Quota::per_minute(NonZeroU32::new(rpm).unwrap_or(NonZeroU32::MIN));
+                let limiter = Arc::new(
+                    governor::RateLimiter::direct(quota)
+                        .with_middleware::<StateInformationMiddleware>(),
+                );
+                buckets.insert(bucket.to_owned(), (rpm, limiter.clone()));
+                limiter
+            }
+        }
+    }
+}
+
+/// GCRA in Redis. Times are microseconds on Redis's own clock, so replicas
+/// with skewed clocks still agree. Returns {allowed, tat_after_us, retry_us}.
+const GCRA_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tolerance = interval * (burst - 1)
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+if tat - now > tolerance then
+  return {0, tat - now, tat - tolerance - now}
+end
+local new_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
+return {1, new_tat - now, 0}
+";
+
+struct RedisLimiter {
+    url: String,
+    prefix: String,
+    script: redis::Script,
+    connection: AsyncMutex<Option<ConnectionManager>>,
+    last_attempt: Mutex<Option<Instant>>,
+}
+
+impl RedisLimiter {
+    async fn check(&self, bucket: &str, rpm: u32) -> Result<Decision, String> {
+        let mut connection = self.connection().await?;
+        let interval = emission_interval(rpm);
+        let mut invocation = self.script.key(format!("{}{}", self.prefix, bucket));
+        invocation.arg(interval.as_micros() as u64).arg(rpm);
+        let call = invocation.invoke_async::<(i64, i64, i64)>(&mut connection);
+        let (allowed, tat_after, retry) = tokio::time::timeout(REDIS_TIMEOUT, call)
+            .await
+            .map_err(|_| "timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        let micros = |v: i64| Duration::from_micros(v.max(0) as u64);
+        Ok(Decision::from_gcra(
+            allowed == 1,
+            rpm,
+            micros(tat_after),
+            micros(retry),
+        ))
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, String> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        {
+            let mut last = self.last_attempt.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| at.elapsed() < REDIS_RECONNECT_EVERY) {
+                return Err("not connected".into());
+            }
+            *last = Some(Instant::now());
+        }
+        let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(REDIS_TIMEOUT)
+            .set_response_timeout(REDIS_TIMEOUT)
+            .set_number_of_retries(1);
+        let connection = tokio::time::timeout(
+            REDIS_TIMEOUT * 2,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+}
+
+/// Which limiter answered, for logs and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Local,
+    Redis,
+}
+
+/// The service's limiter: Redis when configured and reachable, else local.
+pub struct RateLimiter {
+    local: LocalLimiter,
+    redis: Option<RedisLimiter>,
+    last_warning: Mutex<Option<Instant>>,
+}
+
+impl RateLimiter {
+    pub fn local() -> RateLimiter {
+        RateLimiter {
+            local: LocalLimiter::default(),
+            redis: None,
+            last_warning: Mutex::new(None),
+        }
+    }
+
+    /// Shared limits through Redis at `url`; keys are namespaced by `prefix`.
+    /// Does not connect yet: a Redis that is down at start-up is no reason
+    /// not to serve.
+    pub fn with_redis(url: &str, prefix: &str) -> Result<RateLimiter, String> {
+        redis::Client::open(url).map_err(|e| format!("redis_url is not a valid Redis URL: {e}"))?;
+        Ok(RateLimiter {
+            local: LocalLimiter::default(),
+            redis: Some(RedisLimiter {
+                url: url.to_owned(),
+                prefix: prefix.to_owned(),
+                script: redis::Script::new(GCRA_SCRIPT),
+                connection: AsyncMutex::new(None),
+                last_attempt: Mutex::new(None),
+            }),
+            last_warning: Mutex::new(None),
+        })
+    }
+
+    /// Counts one request against `bucket`'s allowance of `rpm` per minute.
+    pub async fn check(&self, bucket: &str, rpm: u32) -> (Decision, Backend) {
+        let rpm = rpm.max(1);
+        if let Some(redis) = &self.redis {
+            match redis.check(bucket, rpm).await {
+                Ok(decision) => return (decision, Backend::Redis),
+                Err(reason) => self.warn_fallback(&reason),
+            }
+        }
+        (self.local.check(bucket, rpm), Backend::Local)
+    }
+
+    fn warn_fallback(&self, reason: &str) {
+        let mut last = self.last_warning.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                reason,
+                "Redis rate limiter unreachable; using the in-process limiter"
+            );
+        }
+    }
+}
+
+/// Failed authentications per client address: past the allowance an address
+/// is refused before any key look-up until its allowance refills.
+pub struct FailedAuthLimiter {
+    limiter: DefaultKeyedRateLimiter<IpAddr>,
+    blocked_until: Mutex<HashMap<IpAddr, Instant>>,
+}
+
+impl FailedAuthLimiter {
+    pub fn new(per_minute: u32) -> FailedAuthLimiter {
+        let quota = Quota::per_minute(NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN));
+        FailedAuthLimiter {
+            limiter: DefaultKeyedRateLimiter::keyed(quota),
+            blocked_until: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Some(wait)` while the address is blocked.
+    pub fn blocked(&self, address: IpAddr) -> Option<Duration> {
+        let mut blocked = self.blocked_until.lock().unwrap_or_else(|e| e.into_inner());
+        let until = *blocked.get(&address)?;
+        let now = Instant::now();
+        if until > now {
+            Some(until - now)
+        } else {
+            blocked.remove(&address);
+            None
+        }
+    }
+
+    /// Records a failure; `Some(wait)` when this one exhausted the allowance.
+    pub fn record_failure(&self, address: IpAddr) -> Option<Duration> {
+        let clock = DefaultClock::default();
+        let not_until = self.limiter.check_key(&address).err()?;
+        let wait = not_until.wait_time_from(clock.now());
+        let mut blocked = self.blocked_until.lock().unwrap_or_else(|e| e.into_inner());
+        if blocked.len() > 100_000 {
+            let now = Instant::now();
+            blocked.retain(|_, until| *until > now);
+            self.limiter.retain_recent();
+        }
+        blocked.insert(address, Instant::now() + wait);
+        Some(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_free_key_gets_its_burst_then_one_every_six_seconds() {
+        let limiter = LocalLimiter::default();
+        let decisions: Vec<Decision> = (0..11).map(|_| limiter.check("k", 10)).collect();
+        assert!(decisions[..10].iter().all(|d| d.allowed));
+        assert_eq!(decisions[0].remaining, 9);
+        assert_eq!(decisions[9].remaining, 0);
+        let refused = decisions[10];
+        assert!(!refused.allowed);
+        assert!(
+            refused.retry_after > Duration::from_secs(5)
+                && refused.retry_after <= Duration::from_secs(6)
+        );
+        assert!(
+            refused.reset_after > Duration::from_secs(59)
+                && refused.reset_after <= Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_changed_limit_takes_effect() {
+        let limiter = LocalLimiter::default();
+        assert_eq!(limiter.check("k", 10).remaining, 9);
+        assert_eq!(limiter.check("k", 60).remaining, 59);
+    }
+
+    #[test]
+    fn gcra_decision_from_redis_state() {
+        // After the first of 10: TAT is one interval (6 s) ahead.
+        let d = Decision::from_gcra(true, 10, Duration::from_secs(6), Duration::ZERO);
+        assert_eq!((d.remaining, d.reset_after), (9, Duration::from_secs(6)));
+        let d = Decision::from_gcra(true, 10, Duration::from_secs(60), Duration::ZERO);
+        assert_eq!(d.remaining, 0);
+    }
+
+    #[test]
+    fn failed_auth_blocks_an_address_after_its_allowance() {
+        let limiter = FailedAuthLimiter::new(3);
+        let address: IpAddr = "192.0.2.1".parse().unwrap();
+        assert!((0..3).all(|_| limiter.record_failure(address).is_none()));
+        assert!(limiter.blocked(address).is_none());
+        assert!(limiter.record_failure(address).is_some());
+        assert!(limiter.blocked(address).is_some());
+        assert!(limiter.blocked("192.0.2.2".parse().unwrap()).is_none());
+    }
+}

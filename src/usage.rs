@@ -1,0 +1,263 @@
+//! Usage metering: every authenticated request becomes one `UsageEvent`,
+//! buffered in a bounded queue and written in batches by one task.
+//!
+//! A request reserves its place in the queue before it is handled, so every
+//! response the service sends has its event stored or queued: when the queue
+//! is full (the database has been away for long), new requests get 503
+//! instead of going unrecorded. Batches that cannot be written are retried
+//! with back-off; at shutdown the queue is drained, and whatever the database
+//! still refuses after the grace period is spilled to a file that is loaded
+//! again at the next start.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{KeyId, Store, UsageEvent};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Counts the handler knows and the metering layer does not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsageStats {
+    pub text_items: u32,
+    pub text_chars: u64,
+    pub image_items: u32,
+    pub image_bytes: u64,
+    pub deep_analyses: u32,
+    pub flagged: bool,
+}
+
+/// The queue is full: the request must be refused, not served unmetered.
+#[derive(Debug)]
+pub struct QueueFull;
+
+/// A reserved place in the queue for one event.
+pub struct UsagePermit(mpsc::OwnedPermit<UsageEvent>);
+
+impl UsagePermit {
+    pub fn record(self, event: UsageEvent) {
+        self.0.send(event);
+    }
+}
+
+/// The sending side, shared by all requests.
+#[derive(Clone)]
+pub struct UsageRecorder {
+    sender: mpsc::Sender<UsageEvent>,
+}
+
+/// The writer task; `finish` drains it.
+pub struct UsageWriter {
+    handle: JoinHandle<()>,
+    give_up: CancellationToken,
+}
+
+#[derive(Clone, Debug)]
+pub struct UsageSettings {
+    pub capacity: usize,
+    pub batch_size: usize,
+    /// Where events that could not be written at shutdown are kept.
+    pub spill_dir: PathBuf,
+}
+
+impl UsageRecorder {
+    pub fn start(store: Arc<dyn Store>, settings: UsageSettings) -> (UsageRecorder, UsageWriter) {
+        let (sender, receiver) = mpsc::channel(settings.capacity);
+        let give_up = CancellationToken::new();
+        let handle = tokio::spawn(write_loop(store, receiver, settings, give_up.clone()));
+        (UsageRecorder { sender }, UsageWriter { handle, give_up })
+    }
+
+    pub fn reserve(&self) -> Result<UsagePermit, QueueFull> {
+        self.sender
+            .clone()
+            .try_reserve_owned()
+            .map(UsagePermit)
+            .map_err(|_| QueueFull)
+    }
+}
+
+impl UsageWriter {
+    /// Waits until every queued event is written (all recorders must be
+    /// dropped first), at most `grace`; then spills what is left.
+    pub async fn finish(self, grace: Duration) {
+        let UsageWriter {
+            mut handle,
+            give_up,
+        } = self;
+        if tokio::time::timeout(grace, &mut handle).await.is_err() {
+            give_up.cancel();
+            let _ = handle.await;
+        }
+    }
+}
+
+async fn write_loop(
+    store: Arc<dyn Store>,
+    mut receiver: mpsc::Receiver<UsageEvent>,
+    settings: UsageSettings,
+    give_up: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(settings.batch_size);
+    // Events arriving while a batch is written wait in the queue and form the
+    // next batch: under load, batches grow by themselves.
+    while receiver.recv_many(&mut batch, settings.batch_size).await > 0 {
+        if !write_with_retry(store.as_ref(), &batch, &give_up).await {
+            receiver.close();
+            while let Ok(event) = receiver.try_recv() {
+                batch.push(event);
+            }
+            spill(&settings.spill_dir, &batch);
+            return;
+        }
+        batch.clear();
+    }
+}
+
+/// `false` when told to give up before the batch could be written.
+async fn write_with_retry(
+    store: &dyn Store,
+    batch: &[UsageEvent],
+    give_up: &CancellationToken,
+) -> bool {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match store.insert_usage(batch).await {
+            Ok(()) => return true,
+            Err(error) => {
+                tracing::warn!(%error, events = batch.len(), "usage batch not written; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = give_up.cancelled() => return false,
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// The on-disk form of a spilled event.
+#[derive(Serialize, Deserialize)]
+struct SpilledEvent {
+    request_id: String,
+    key_id: String,
+    at: chrono::DateTime<chrono::Utc>,
+    status: u16,
+    text_items: u32,
+    text_chars: u64,
+    image_items: u32,
+    image_bytes: u64,
+    deep_analyses: u32,
+    flagged: bool,
+    rate_limited: bool,
+    billable: bool,
+    latency_ms: u32,
+}
+
+impl From<&UsageEvent> for SpilledEvent {
+    fn from(e: &UsageEvent) -> Self {
+        SpilledEvent {
+            request_id: e.request_id.clone(),
+            key_id: e.key_id.to_string(),
+            at: e.at,
+            status: e.status,
+            text_items: e.text_items,
+            text_chars: e.text_chars,
+            image_items: e.image_items,
+            image_bytes: e.image_bytes,
+            deep_analyses: e.deep_analyses,
+            flagged: e.flagged,
+            rate_limited: e.rate_limited,
+            billable: e.billable,
+            latency_ms: e.latency_ms,
+        }
+    }
+}
+
+impl SpilledEvent {
+    fn into_event(self) -> Option<UsageEvent> {
+        Some(UsageEvent {
+            key_id: KeyId::parse(&self.key_id)?,
+            request_id: self.request_id,
+            at: self.at,
+            status: self.status,
+            text_items: self.text_items,
+            text_chars: self.text_chars,
+            image_items: self.image_items,
+            image_bytes: self.image_bytes,
+            deep_analyses: self.deep_analyses,
+            flagged: self.flagged,
+            rate_limited: self.rate_limited,
+            billable: self.billable,
+            latency_ms: self.latency_ms,
+        })
+    }
+}
+
+fn spill(dir: &Path, events: &[UsageEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    let path = dir.join(format!(
+        "usage-spill-{}.jsonl",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let lines: String = events
+        .iter()
+        .filter_map(|e| serde_json::to_string(&SpilledEvent::from(e)).ok())
+        .map(|line| line + "\n")
+        .collect();
+    let written = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, lines));
+    match written {
+        Ok(()) => {
+            tracing::error!(events = events.len(), path = %path.display(), "database unreachable at shutdown; usage events spilled to a file, loaded at next start")
+        }
+        Err(error) => {
+            tracing::error!(events = events.len(), %error, "database unreachable at shutdown and spill file not written: usage events lost")
+        }
+    }
+}
+
+/// Writes back events spilled by an earlier shutdown and removes their files.
+/// Idempotent: events already stored are skipped by request id.
+pub async fn load_spilled(
+    store: &dyn Store,
+    dir: &Path,
+) -> Result<usize, crate::store::StoreError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    let mut loaded = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_spill = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("usage-spill-") && n.ends_with(".jsonl"));
+        if !is_spill {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let events: Vec<UsageEvent> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<SpilledEvent>(line).ok())
+            .filter_map(SpilledEvent::into_event)
+            .collect();
+        for chunk in events.chunks(500) {
+            store.insert_usage(chunk).await?;
+        }
+        loaded += events.len();
+        if let Err(error) = std::fs::remove_file(&path) {
+            tracing::warn!(%error, path = %path.display(), "spill file loaded but not removed");
+        }
+    }
+    Ok(loaded)
+}

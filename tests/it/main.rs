@@ -1,0 +1,10 @@
+//! The integration test binary: the real service on a random port, over real
+//! HTTP, against SQLite and PostgreSQL (and Redis where limits are shared).
+
+mod helpers;
+
+mod api;
+mod keys;
+mod limits;
+mod signatures;
+mod usage;
