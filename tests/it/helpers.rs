@@ -1,7 +1,6 @@
 //! `spawn_app`: the real service on 127.0.0.1:0 over a fresh database of
 //! either backend, and the small tools every test needs.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
