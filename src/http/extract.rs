@@ -48,8 +48,15 @@ fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
+/// A client that announces a body and never sends it must not hold a
+/// connection and its task forever.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| ApiError::InvalidRequest("the request body did not arrive within 30 seconds".into()))?;
+    read.map_err(|error| {
         let too_large = std::error::Error::source(&error)
             .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
             || error.to_string().contains("length limit");
