@@ -8,8 +8,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
+mod common;
 pub mod postgres;
 pub mod sqlite;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
 
 /// Errors from a storage backend.
 #[derive(Debug, thiserror::Error)]
@@ -193,8 +197,35 @@ pub trait Store: Send + Sync + 'static {
 /// `postgresql://` or `sqlite:`), creating a SQLite file and its folder when
 /// missing, and runs its migrations.
 pub async fn connect(database_url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    let _ = database_url;
-    Err(StoreError::Other(
-        "storage backends are not implemented yet".into(),
-    ))
+    let store: std::sync::Arc<dyn Store> = match Backend::of(database_url)? {
+        Backend::Postgres => std::sync::Arc::new(PostgresStore::connect(database_url).await?),
+        Backend::Sqlite => std::sync::Arc::new(SqliteStore::connect(database_url).await?),
+    };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// The backend a database URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// Picks the backend from the URL's scheme.
+    pub fn of(database_url: &str) -> Result<Backend, StoreError> {
+        let scheme = database_url
+            .split_once(':')
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("postgres" | "postgresql") => Ok(Backend::Postgres),
+            Some("sqlite") => Ok(Backend::Sqlite),
+            // Only the scheme is quoted: the rest may hold a password.
+            _ => Err(StoreError::Other(format!(
+                "unsupported database URL scheme {:?}: expected postgres://, postgresql:// or sqlite:",
+                scheme.unwrap_or_default()
+            ))),
+        }
+    }
 }

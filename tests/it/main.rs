@@ -7,4 +7,5 @@ mod api;
 mod keys;
 mod limits;
 mod signatures;
+mod store;
 mod usage;

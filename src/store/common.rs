@@ -1,0 +1,208 @@
+//! What both SQL backends share: error mapping, URL redaction and the
+//! conversions between the contract's unsigned types and SQL's signed ones.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{KeyId, StoreError, UsageEvent};
+
+/// How long a caller waits for a pooled connection (or for the database to
+/// answer when connecting) before getting `StoreError::Unavailable`.
+pub(super) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Maps a driver error onto the contract's three kinds.
+pub(super) fn map_sqlx(err: sqlx::Error) -> StoreError {
+    use sqlx::Error as E;
+    match err {
+        E::PoolTimedOut | E::PoolClosed | E::Io(_) | E::Tls(_) | E::WorkerCrashed => {
+            StoreError::Unavailable(err.to_string())
+        }
+        E::Database(db) => map_database_error(db.as_ref()),
+        other => StoreError::Other(other.to_string()),
+    }
+}
+
+fn map_database_error(db: &dyn sqlx::error::DatabaseError) -> StoreError {
+    use sqlx::error::ErrorKind as K;
+    let message = db.message().to_owned();
+    match db.kind() {
+        K::UniqueViolation | K::ForeignKeyViolation | K::CheckViolation => {
+            StoreError::Conflict(message)
+        }
+        _ if is_unavailable_code(db.code().as_deref()) => StoreError::Unavailable(message),
+        _ => StoreError::Other(message),
+    }
+}
+
+/// Database error codes that mean "cannot serve now" rather than "bad
+/// request": PostgreSQL connection exceptions (08), insufficient resources
+/// (53) and operator intervention such as shutdown (57P); SQLite BUSY (5),
+/// LOCKED (6) and CANTOPEN (14), whose extended codes keep the primary code
+/// in the low byte.
+fn is_unavailable_code(code: Option<&str>) -> bool {
+    let Some(code) = code else { return false };
+    if code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") {
+        return true;
+    }
+    code.parse::<u32>()
+        .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 14))
+}
+
+pub(super) fn map_migrate(err: sqlx::migrate::MigrateError) -> StoreError {
+    use sqlx::migrate::MigrateError as M;
+    match err {
+        M::Execute(e) => map_sqlx(e),
+        M::ExecuteMigration(e, version) => match map_sqlx(e) {
+            StoreError::Unavailable(m) => StoreError::Unavailable(m),
+            other => StoreError::Other(format!("migration {version} failed: {other}")),
+        },
+        other => StoreError::Other(format!("migrations: {other}")),
+    }
+}
+
+/// Removes the password of `url` from `message`: driver messages may quote
+/// the connection string, and they end up in logs and HTTP 503 bodies.
+pub(super) fn redact(message: String, url: &str) -> String {
+    match url_password(url) {
+        Some(password) if !password.is_empty() => message.replace(password, "***"),
+        _ => message,
+    }
+}
+
+fn url_password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let userinfo = &authority[..authority.rfind('@')?];
+    Some(&userinfo[userinfo.find(':')? + 1..])
+}
+
+/// Applies `redact` to whichever variant the error is.
+pub(super) fn redact_error(err: StoreError, url: &str) -> StoreError {
+    match err {
+        StoreError::Unavailable(m) => StoreError::Unavailable(redact(m, url)),
+        StoreError::Conflict(m) => StoreError::Conflict(redact(m, url)),
+        StoreError::Other(m) => StoreError::Other(redact(m, url)),
+    }
+}
+
+/// A usage event in SQL's signed integer types, converted before any
+/// statement is built so that a value out of range fails the batch cleanly.
+pub(super) struct UsageRow<'a> {
+    pub request_id: &'a str,
+    pub key_id: &'a str,
+    pub at: DateTime<Utc>,
+    pub status: i32,
+    pub text_items: i64,
+    pub text_chars: i64,
+    pub image_items: i64,
+    pub image_bytes: i64,
+    pub deep_analyses: i64,
+    pub flagged: bool,
+    pub rate_limited: bool,
+    pub billable: bool,
+    pub latency_ms: i64,
+}
+
+impl<'a> UsageRow<'a> {
+    pub(super) fn from_event(e: &'a UsageEvent) -> Result<UsageRow<'a>, StoreError> {
+        Ok(UsageRow {
+            request_id: &e.request_id,
+            key_id: e.key_id.as_str(),
+            at: e.at,
+            status: i32::from(e.status),
+            text_items: i64::from(e.text_items),
+            text_chars: u64_to_i64(e.text_chars, "text_chars")?,
+            image_items: i64::from(e.image_items),
+            image_bytes: u64_to_i64(e.image_bytes, "image_bytes")?,
+            deep_analyses: i64::from(e.deep_analyses),
+            flagged: e.flagged,
+            rate_limited: e.rate_limited,
+            billable: e.billable,
+            latency_ms: i64::from(e.latency_ms),
+        })
+    }
+
+    /// Back to the contract type, checking every stored value's range.
+    pub(super) fn into_event(self) -> Result<UsageEvent, StoreError> {
+        Ok(UsageEvent {
+            request_id: self.request_id.to_owned(),
+            key_id: parse_key_id(self.key_id)?,
+            at: self.at,
+            status: from_stored(self.status, "status")?,
+            text_items: from_stored(self.text_items, "text_items")?,
+            text_chars: from_stored(self.text_chars, "text_chars")?,
+            image_items: from_stored(self.image_items, "image_items")?,
+            image_bytes: from_stored(self.image_bytes, "image_bytes")?,
+            deep_analyses: from_stored(self.deep_analyses, "deep_analyses")?,
+            flagged: self.flagged,
+            rate_limited: self.rate_limited,
+            billable: self.billable,
+            latency_ms: from_stored(self.latency_ms, "latency_ms")?,
+        })
+    }
+}
+
+fn u64_to_i64(v: u64, column: &str) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Other(format!("{column} {v} is too large to store")))
+}
+
+/// Converts a stored signed value into the contract's unsigned type.
+pub(super) fn from_stored<S, T>(v: S, column: &str) -> Result<T, StoreError>
+where
+    S: Copy + std::fmt::Display,
+    T: TryFrom<S>,
+{
+    T::try_from(v).map_err(|_| StoreError::Other(format!("stored {column} {v} is out of range")))
+}
+
+pub(super) fn parse_key_id(s: &str) -> Result<KeyId, StoreError> {
+    KeyId::parse(s).ok_or_else(|| StoreError::Other(format!("stored key id {s:?} is malformed")))
+}
+
+/// `custom_rpm` is an SQL INTEGER (32-bit in PostgreSQL).
+pub(super) fn custom_rpm_to_sql(rpm: Option<u32>) -> Result<Option<i32>, StoreError> {
+    rpm.map(|v| {
+        i32::try_from(v).map_err(|_| StoreError::Conflict(format!("custom_rpm {v} is too large")))
+    })
+    .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_removes_the_password_only() {
+        let url = "postgres://app:s3cr%3At@db.example:5432/moderato";
+        let msg = "failed for postgres://app:s3cr%3At@db.example:5432/moderato".to_owned();
+        let out = redact(msg, url);
+        assert!(!out.contains("s3cr%3At"), "{out}");
+        assert!(out.contains("app:***@db.example"), "{out}");
+    }
+
+    #[test]
+    fn redact_leaves_urls_without_password_alone() {
+        for url in ["postgres://app@db/x", "sqlite:data/m.db", "postgres://db/x"] {
+            assert_eq!(redact("boom".to_owned(), url), "boom");
+        }
+    }
+
+    #[test]
+    fn password_may_contain_at_and_slash_free_chars() {
+        assert_eq!(url_password("postgres://u:p@ss@h/db"), Some("p@ss"));
+        assert_eq!(url_password("postgres://u:@h/db"), Some(""));
+    }
+
+    #[test]
+    fn busy_and_connection_codes_are_unavailable() {
+        for code in ["08006", "53300", "57P01", "5", "517", "6", "14"] {
+            assert!(is_unavailable_code(Some(code)), "{code}");
+        }
+        for code in ["23505", "42P01", "19", "2067", "1"] {
+            assert!(!is_unavailable_code(Some(code)), "{code}");
+        }
+        assert!(!is_unavailable_code(None));
+    }
+}

@@ -1,0 +1,832 @@
+//! One behavioural suite for the `Store` trait, run against PostgreSQL and
+//! SQLite. Each test gets a fresh database: a new PostgreSQL database on the
+//! server named by `MODERATO_TEST_PG_URL` (default: the local one, trust
+//! auth; `skip` skips the PostgreSQL half), or a SQLite file in a temp dir.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+use moderato::store::{
+    self, ApiKeyRecord, BillingRow, KeyId, Period, PostgresStore, SqliteStore, Store, StoreError,
+    Tier, UsageEvent,
+};
+use sqlx::Connection;
+
+const DEFAULT_PG_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Postgres,
+    Sqlite,
+}
+
+/// A fresh database for one test and how to reach it.
+struct Fixture {
+    url: String,
+    admin_url: Option<String>,
+    db_name: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// What a test body gets.
+#[derive(Clone)]
+struct Ctx {
+    kind: Kind,
+    url: String,
+    store: Arc<dyn Store>,
+}
+
+fn pg_admin_url() -> Option<String> {
+    match std::env::var("MODERATO_TEST_PG_URL") {
+        Ok(v) if v == "skip" => None,
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => Some(DEFAULT_PG_ADMIN_URL.to_owned()),
+    }
+}
+
+/// The admin URL with its database replaced by `db`.
+fn with_database(admin_url: &str, db: &str) -> String {
+    let (base, query) = match admin_url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin_url, String::new()),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let server = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    format!("{server}/{db}{query}")
+}
+
+impl Fixture {
+    async fn new(kind: Kind) -> Option<Fixture> {
+        match kind {
+            Kind::Postgres => {
+                let admin_url = pg_admin_url()?;
+                let db_name = format!("moderato_test_{}", uuid::Uuid::new_v4().simple());
+                let mut admin = sqlx::PgConnection::connect(&admin_url)
+                    .await
+                    .expect("PostgreSQL admin connection (set MODERATO_TEST_PG_URL, or `skip`)");
+                sqlx::query(&format!("CREATE DATABASE {db_name}"))
+                    .execute(&mut admin)
+                    .await
+                    .expect("create test database");
+                let _ = admin.close().await;
+                Some(Fixture {
+                    url: with_database(&admin_url, &db_name),
+                    admin_url: Some(admin_url),
+                    db_name: Some(db_name),
+                    _dir: None,
+                })
+            }
+            Kind::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite:{}", dir.path().join("moderato.db").display());
+                Some(Fixture {
+                    url,
+                    admin_url: None,
+                    db_name: None,
+                    _dir: Some(dir),
+                })
+            }
+        }
+    }
+
+    /// Drops the PostgreSQL database, best effort.
+    async fn cleanup(self) {
+        if let (Some(admin_url), Some(db_name)) = (self.admin_url, self.db_name) {
+            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
+                let drop = format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)");
+                let _ = sqlx::query(&drop).execute(&mut admin).await;
+                let _ = admin.close().await;
+            }
+        }
+    }
+}
+
+/// Runs `body` on a fresh, migrated database of `kind`, then removes the
+/// database even when the body panics.
+async fn run<F, Fut>(kind: Kind, body: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(fixture) = Fixture::new(kind).await else {
+        eprintln!("MODERATO_TEST_PG_URL=skip: PostgreSQL test skipped");
+        return;
+    };
+    let outcome = match store::connect(&fixture.url).await {
+        Ok(store) => {
+            let ctx = Ctx {
+                kind,
+                url: fixture.url.clone(),
+                store,
+            };
+            tokio::spawn(body(ctx)).await
+        }
+        Err(e) => {
+            fixture.cleanup().await;
+            panic!("connect to fresh {kind:?} database: {e}");
+        }
+    };
+    fixture.cleanup().await;
+    if let Err(e) = outcome {
+        if e.is_panic() {
+            std::panic::resume_unwind(e.into_panic());
+        }
+        panic!("test task failed: {e}");
+    }
+}
+
+/// Declares `$name` as one test per backend.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::run(super::Kind::Postgres, super::$name).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::run(super::Kind::Sqlite, super::$name).await;
+                }
+            }
+        )*
+    };
+}
+
+both_backends!(
+    migrations_are_idempotent,
+    ping_answers,
+    keys_round_trip_and_list_oldest_first,
+    revoking_keeps_the_first_time,
+    set_tier_changes_plan_and_limit,
+    duplicate_key_id_is_a_conflict,
+    usage_batches_skip_stored_request_ids,
+    usage_events_filter_by_key,
+    usage_for_unknown_key_is_rejected_whole,
+    billing_per_day,
+    billing_per_month,
+    billing_view_matches_daily_billing,
+    thousand_event_batch_lands,
+    concurrent_batches_all_land,
+);
+
+fn key_id(n: u64) -> KeyId {
+    KeyId::parse(&format!("{n:016x}")).expect("valid key id")
+}
+
+fn at(y: i32, m: u32, d: u32, h: u32, min: u32, s: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(y, m, d, h, min, s)
+        .single()
+        .expect("valid time")
+}
+
+fn day(y: i32, m: u32, d: u32) -> NaiveDate {
+    NaiveDate::from_ymd_opt(y, m, d).expect("valid date")
+}
+
+fn key(n: u64, created_at: DateTime<Utc>) -> ApiKeyRecord {
+    ApiKeyRecord {
+        id: key_id(n),
+        name: format!("customer {n}"),
+        tier: Tier::Free,
+        custom_rpm: None,
+        secret_hash: vec![n as u8; 32],
+        created_at,
+        revoked_at: None,
+    }
+}
+
+/// A successful, billable request with one text item.
+fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
+    UsageEvent {
+        request_id: request_id.to_owned(),
+        key_id: key.clone(),
+        at,
+        status: 200,
+        text_items: 1,
+        text_chars: 10,
+        image_items: 0,
+        image_bytes: 0,
+        deep_analyses: 0,
+        flagged: false,
+        rate_limited: false,
+        billable: true,
+        latency_ms: 12,
+    }
+}
+
+fn refused(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
+    UsageEvent {
+        status: 429,
+        text_items: 0,
+        text_chars: 0,
+        rate_limited: true,
+        billable: false,
+        latency_ms: 0,
+        ..event(request_id, key, at)
+    }
+}
+
+fn client_error(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
+    UsageEvent {
+        status: 400,
+        billable: false,
+        ..event(request_id, key, at)
+    }
+}
+
+async fn add_keys(store: &dyn Store, ids: &[u64]) {
+    for &n in ids {
+        store
+            .insert_key(&key(n, at(2026, 1, 1, 0, 0, n as u32)))
+            .await
+            .expect("insert key");
+    }
+}
+
+fn request_ids(events: &[UsageEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.request_id.as_str()).collect()
+}
+
+async fn migrations_are_idempotent(ctx: Ctx) {
+    add_keys(ctx.store.as_ref(), &[1]).await;
+    ctx.store
+        .migrate()
+        .await
+        .expect("second migrate on the same pool");
+    let again = store::connect(&ctx.url)
+        .await
+        .expect("connect (and migrate) again");
+    again.migrate().await.expect("third migrate");
+    let kept = again.get_key(&key_id(1)).await.expect("get key");
+    assert_eq!(
+        kept,
+        Some(key(1, at(2026, 1, 1, 0, 0, 1))),
+        "migrations must not touch data"
+    );
+}
+
+async fn ping_answers(ctx: Ctx) {
+    ctx.store.ping().await.expect("ping");
+}
+
+async fn keys_round_trip_and_list_oldest_first(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let newest = ApiKeyRecord {
+        tier: Tier::Enterprise,
+        custom_rpm: Some(12_000),
+        secret_hash: (0..=255).collect(),
+        // Sub-second precision down to microseconds survives the round trip.
+        created_at: at(2026, 3, 1, 12, 0, 0) + chrono::Duration::microseconds(123_456),
+        revoked_at: Some(at(2026, 3, 2, 0, 0, 0)),
+        ..key(0xabc, at(2026, 3, 1, 12, 0, 0))
+    };
+    let oldest = key(0xdef, at(2025, 12, 31, 23, 59, 59));
+    let middle = ApiKeyRecord {
+        tier: Tier::Pro,
+        ..key(0x123, at(2026, 2, 1, 0, 0, 0))
+    };
+    for k in [&newest, &oldest, &middle] {
+        store.insert_key(k).await.expect("insert key");
+    }
+
+    assert_eq!(
+        store.get_key(&newest.id).await.expect("get"),
+        Some(newest.clone())
+    );
+    assert_eq!(
+        store.get_key(&key_id(0x999)).await.expect("get unknown"),
+        None
+    );
+    let listed = store.list_keys().await.expect("list");
+    assert_eq!(listed, vec![oldest, middle, newest]);
+}
+
+async fn revoking_keeps_the_first_time(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1, 2]).await;
+
+    let before = Utc::now() - chrono::Duration::seconds(1);
+    assert!(store.revoke_key(&key_id(1)).await.expect("revoke"));
+    let after = Utc::now() + chrono::Duration::seconds(1);
+    let first = store
+        .get_key(&key_id(1))
+        .await
+        .expect("get")
+        .expect("key exists");
+    let revoked_at = first.revoked_at.expect("revoked_at set");
+    assert!(
+        before <= revoked_at && revoked_at <= after,
+        "revoked_at {revoked_at} is now"
+    );
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store.revoke_key(&key_id(1)).await.expect("revoke again"),
+        "key still exists"
+    );
+    let second = store
+        .get_key(&key_id(1))
+        .await
+        .expect("get")
+        .expect("key exists");
+    assert_eq!(
+        second.revoked_at,
+        Some(revoked_at),
+        "second revoke keeps the first time"
+    );
+
+    assert!(!store
+        .revoke_key(&key_id(0x77))
+        .await
+        .expect("revoke unknown"));
+    let other = store
+        .get_key(&key_id(2))
+        .await
+        .expect("get")
+        .expect("key exists");
+    assert_eq!(other.revoked_at, None, "only the named key is revoked");
+}
+
+async fn set_tier_changes_plan_and_limit(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1, 2]).await;
+
+    assert!(store
+        .set_tier(&key_id(1), Tier::Enterprise, Some(50_000))
+        .await
+        .expect("set"));
+    let k = store
+        .get_key(&key_id(1))
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!((k.tier, k.custom_rpm), (Tier::Enterprise, Some(50_000)));
+
+    assert!(store
+        .set_tier(&key_id(1), Tier::Basic, None)
+        .await
+        .expect("set"));
+    let k = store
+        .get_key(&key_id(1))
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!((k.tier, k.custom_rpm), (Tier::Basic, None));
+
+    assert!(!store
+        .set_tier(&key_id(0x55), Tier::Pro, None)
+        .await
+        .expect("set unknown"));
+    let untouched = store
+        .get_key(&key_id(2))
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(untouched.tier, Tier::Free);
+}
+
+async fn duplicate_key_id_is_a_conflict(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let original = key(7, at(2026, 1, 1, 0, 0, 0));
+    store.insert_key(&original).await.expect("insert");
+    let clash = ApiKeyRecord {
+        name: "impostor".into(),
+        ..original.clone()
+    };
+    match store.insert_key(&clash).await {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(
+        store.get_key(&original.id).await.expect("get"),
+        Some(original)
+    );
+}
+
+async fn usage_batches_skip_stored_request_ids(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let k = key_id(1);
+    let first = vec![
+        event("r1", &k, at(2026, 2, 1, 10, 0, 0)),
+        event("r2", &k, at(2026, 2, 1, 10, 0, 1)),
+        refused("r3", &k, at(2026, 2, 1, 10, 0, 2)),
+    ];
+    store.insert_usage(&first).await.expect("first batch");
+    store.insert_usage(&[]).await.expect("empty batch");
+
+    // A retried batch: two already stored (one with other data, which must
+    // not overwrite), one new, and the new one twice.
+    let changed_r1 = UsageEvent {
+        text_chars: 9_999,
+        ..first[0].clone()
+    };
+    let retry = vec![
+        changed_r1,
+        first[1].clone(),
+        event("r4", &k, at(2026, 2, 1, 10, 0, 3)),
+        event("r4", &k, at(2026, 2, 1, 10, 0, 3)),
+    ];
+    store.insert_usage(&retry).await.expect("retried batch");
+
+    let stored = store.usage_events(None).await.expect("read");
+    assert_eq!(request_ids(&stored), ["r1", "r2", "r3", "r4"]);
+    assert_eq!(
+        stored[..3],
+        first[..],
+        "stored events are kept as first written"
+    );
+}
+
+async fn usage_events_filter_by_key(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1, 2]).await;
+    let (a, b) = (key_id(1), key_id(2));
+    let precise = at(2026, 2, 1, 9, 0, 0) + chrono::Duration::microseconds(654_321);
+    let events = vec![
+        event("b-late", &b, at(2026, 2, 2, 0, 0, 0)),
+        UsageEvent {
+            image_items: 2,
+            image_bytes: 5_000_000_000,
+            deep_analyses: 1,
+            flagged: true,
+            latency_ms: 4_000_000_000,
+            ..event("a-2", &a, precise)
+        },
+        event("a-1", &a, at(2026, 1, 15, 0, 0, 0)),
+        client_error("b-early", &b, at(2026, 1, 1, 0, 0, 0)),
+    ];
+    store.insert_usage(&events).await.expect("insert");
+
+    let of_a = store.usage_events(Some(&a)).await.expect("read a");
+    assert_eq!(
+        of_a,
+        vec![events[2].clone(), events[1].clone()],
+        "a's events, oldest first"
+    );
+    let of_b = store.usage_events(Some(&b)).await.expect("read b");
+    assert_eq!(request_ids(&of_b), ["b-early", "b-late"]);
+    let all = store.usage_events(None).await.expect("read all");
+    assert_eq!(request_ids(&all), ["b-early", "a-1", "a-2", "b-late"]);
+    assert!(store
+        .usage_events(Some(&key_id(3)))
+        .await
+        .expect("read none")
+        .is_empty());
+}
+
+async fn usage_for_unknown_key_is_rejected_whole(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let batch = vec![
+        event("ok", &key_id(1), at(2026, 2, 1, 0, 0, 0)),
+        event("orphan", &key_id(0xdead), at(2026, 2, 1, 0, 0, 0)),
+    ];
+    match store.insert_usage(&batch).await {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("expected Conflict for an unknown key, got {other:?}"),
+    }
+    let stored = store.usage_events(None).await.expect("read");
+    assert!(
+        stored.is_empty(),
+        "the batch is one transaction: {stored:?}"
+    );
+}
+
+/// Key 1: a billable request late on Jan 31, three on Feb 1 (one with images
+/// and a deep analysis) plus a refused one, one on Feb 15, and on Mar 1 only
+/// a client error. Key 2: two billable requests on Feb 10.
+async fn seed_billing(store: &dyn Store) -> (KeyId, KeyId) {
+    add_keys(store, &[1, 2]).await;
+    let (a, b) = (key_id(1), key_id(2));
+    let events = vec![
+        UsageEvent {
+            text_items: 3,
+            text_chars: 300,
+            ..event("a1", &a, at(2026, 1, 31, 23, 59, 59))
+        },
+        event("a2", &a, at(2026, 2, 1, 0, 0, 0)),
+        UsageEvent {
+            text_items: 0,
+            text_chars: 0,
+            image_items: 2,
+            image_bytes: 1_000,
+            deep_analyses: 1,
+            ..event("a3", &a, at(2026, 2, 1, 12, 0, 0))
+        },
+        event("a4", &a, at(2026, 2, 1, 23, 59, 59)),
+        refused("a5", &a, at(2026, 2, 1, 13, 0, 0)),
+        UsageEvent {
+            text_items: 5,
+            text_chars: 1_000,
+            ..event("a6", &a, at(2026, 2, 15, 8, 0, 0))
+        },
+        client_error("a7", &a, at(2026, 3, 1, 8, 0, 0)),
+        event("b1", &b, at(2026, 2, 10, 1, 0, 0)),
+        event("b2", &b, at(2026, 2, 10, 2, 0, 0)),
+    ];
+    store.insert_usage(&events).await.expect("insert usage");
+    (a, b)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    key_id: &KeyId,
+    period: Period,
+    start: NaiveDate,
+    requests: u64,
+    text_items: u64,
+    text_chars: u64,
+    image_items: u64,
+    deep_analyses: u64,
+    rate_limited: u64,
+) -> BillingRow {
+    BillingRow {
+        key_id: key_id.clone(),
+        period,
+        period_start: start,
+        requests,
+        text_items,
+        text_chars,
+        image_items,
+        deep_analyses,
+        rate_limited,
+    }
+}
+
+async fn billing_per_day(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let (a, b) = seed_billing(store).await;
+    let d = Period::Day;
+
+    let all = store.billing(d, None, None).await.expect("billing");
+    let expected = vec![
+        row(&a, d, day(2026, 1, 31), 1, 3, 300, 0, 0, 0),
+        row(&a, d, day(2026, 2, 1), 3, 2, 20, 2, 1, 1),
+        row(&a, d, day(2026, 2, 15), 1, 5, 1_000, 0, 0, 0),
+        row(&b, d, day(2026, 2, 10), 2, 2, 20, 0, 0, 0),
+    ];
+    assert_eq!(
+        all, expected,
+        "Mar 1 has no billable or refused request, so no row"
+    );
+
+    let since_feb = store
+        .billing(d, None, Some(day(2026, 2, 1)))
+        .await
+        .expect("billing");
+    assert_eq!(
+        since_feb,
+        expected[1..].to_vec(),
+        "since is inclusive and cuts at UTC midnight"
+    );
+
+    let only_b = store.billing(d, Some(&b), None).await.expect("billing");
+    assert_eq!(only_b, expected[3..].to_vec());
+
+    let a_since = store
+        .billing(d, Some(&a), Some(day(2026, 2, 2)))
+        .await
+        .expect("billing");
+    assert_eq!(a_since, expected[2..3].to_vec());
+
+    let none = store
+        .billing(d, None, Some(day(2026, 4, 1)))
+        .await
+        .expect("billing");
+    assert!(none.is_empty());
+}
+
+async fn billing_per_month(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let (a, b) = seed_billing(store).await;
+    let m = Period::Month;
+
+    let all = store.billing(m, None, None).await.expect("billing");
+    let expected = vec![
+        row(&a, m, day(2026, 1, 1), 1, 3, 300, 0, 0, 0),
+        row(&a, m, day(2026, 2, 1), 4, 7, 1_020, 2, 1, 1),
+        row(&b, m, day(2026, 2, 1), 2, 2, 20, 0, 0, 0),
+    ];
+    assert_eq!(all, expected);
+
+    // A `since` inside a month counts that month from that day on.
+    let since = store
+        .billing(m, Some(&a), Some(day(2026, 2, 2)))
+        .await
+        .expect("billing");
+    assert_eq!(
+        since,
+        vec![row(&a, m, day(2026, 2, 1), 1, 5, 1_000, 0, 0, 0)]
+    );
+}
+
+/// What a billing job does: read the view with plain SQL.
+async fn billing_view_matches_daily_billing(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    seed_billing(store).await;
+    let sql = match ctx.kind {
+        Kind::Postgres => {
+            "SELECT key_id, day::text AS day, requests, text_items, text_chars, \
+                           image_items, deep_analyses, rate_limited \
+                           FROM usage_billing_daily ORDER BY key_id, day"
+        }
+        Kind::Sqlite => {
+            "SELECT key_id, day, requests, text_items, text_chars, \
+                         image_items, deep_analyses, rate_limited \
+                         FROM usage_billing_daily ORDER BY key_id, day"
+        }
+    };
+    type ViewRow = (String, String, i64, i64, i64, i64, i64, i64);
+    let from_view: Vec<ViewRow> = match ctx.kind {
+        Kind::Postgres => {
+            let pg = PostgresStore::connect(&ctx.url).await.expect("connect");
+            sqlx::query_as(sql)
+                .fetch_all(pg.pool())
+                .await
+                .expect("query view")
+        }
+        Kind::Sqlite => {
+            let lite = SqliteStore::connect(&ctx.url).await.expect("connect");
+            sqlx::query_as(sql)
+                .fetch_all(lite.pool())
+                .await
+                .expect("query view")
+        }
+    };
+    let from_store: Vec<ViewRow> = store
+        .billing(Period::Day, None, None)
+        .await
+        .expect("billing")
+        .into_iter()
+        .map(|r| {
+            (
+                r.key_id.to_string(),
+                r.period_start.format("%Y-%m-%d").to_string(),
+                r.requests as i64,
+                r.text_items as i64,
+                r.text_chars as i64,
+                r.image_items as i64,
+                r.deep_analyses as i64,
+                r.rate_limited as i64,
+            )
+        })
+        .collect();
+    assert_eq!(from_view.len(), 4);
+    assert_eq!(from_view, from_store);
+}
+
+async fn thousand_event_batch_lands(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let k = key_id(1);
+    let start = at(2026, 5, 1, 0, 0, 0);
+    let batch: Vec<UsageEvent> = (0..1_000)
+        .map(|i| UsageEvent {
+            text_chars: i,
+            ..event(
+                &format!("req-{i:04}"),
+                &k,
+                start + chrono::Duration::seconds(i as i64),
+            )
+        })
+        .collect();
+    store.insert_usage(&batch).await.expect("insert 1,000");
+    store.insert_usage(&batch).await.expect("retry of 1,000");
+
+    let stored = store.usage_events(Some(&k)).await.expect("read");
+    assert_eq!(stored, batch);
+    let billed = store
+        .billing(Period::Month, None, None)
+        .await
+        .expect("billing");
+    assert_eq!(billed.len(), 1);
+    assert_eq!(billed[0].requests, 1_000);
+    assert_eq!(billed[0].text_chars, (0..1_000).sum::<u64>());
+}
+
+async fn concurrent_batches_all_land(ctx: Ctx) {
+    const TASKS: usize = 8;
+    const BATCHES: usize = 10;
+    const PER_BATCH: usize = 50;
+    add_keys(ctx.store.as_ref(), &[1, 2]).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..TASKS {
+        let store = ctx.store.clone();
+        tasks.spawn(async move {
+            let k = key_id(1 + (t % 2) as u64);
+            for b in 0..BATCHES {
+                let batch: Vec<UsageEvent> = (0..PER_BATCH)
+                    .map(|i| event(&format!("t{t}-b{b}-e{i}"), &k, at(2026, 6, 1, 0, 0, 0)))
+                    .collect();
+                store.insert_usage(&batch).await.expect("concurrent insert");
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("task finished");
+    }
+    let stored = ctx.store.usage_events(None).await.expect("read");
+    assert_eq!(stored.len(), TASKS * BATCHES * PER_BATCH);
+    let billed = ctx
+        .store
+        .billing(Period::Day, None, None)
+        .await
+        .expect("billing");
+    let per_key: Vec<u64> = billed.iter().map(|r| r.requests).collect();
+    let half = (TASKS / 2 * BATCHES * PER_BATCH) as u64;
+    assert_eq!(per_key, [half, half]);
+}
+
+#[tokio::test]
+async fn unreachable_postgres_is_unavailable_not_a_hang() {
+    let url = "postgres://postgres:hunter2@127.0.0.1:1/x";
+    // A guard against hanging, not a speed check: connect gives up after
+    // its ~3 s acquire timeout.
+    let outcome = tokio::time::timeout(Duration::from_secs(30), store::connect(url))
+        .await
+        .expect("connect must give up on its own");
+    match outcome {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(!message.contains("hunter2"), "password leaked: {message}");
+            assert!(message.contains("127.0.0.1:1"), "says where: {message}");
+        }
+        Err(other) => panic!("expected Unavailable, got {other:?}"),
+        Ok(_) => panic!("connected to a closed port"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_scheme_names_the_accepted_ones() {
+    match store::connect("mysql://root:hunter2@localhost/db").await {
+        Err(StoreError::Other(message)) => {
+            assert!(
+                message.contains("postgres://") && message.contains("sqlite:"),
+                "{message}"
+            );
+            assert!(!message.contains("hunter2"), "password leaked: {message}");
+        }
+        Err(other) => panic!("expected Other, got {other:?}"),
+        Ok(_) => panic!("mysql is not a backend"),
+    }
+}
+
+#[tokio::test]
+async fn sqlite_creates_missing_folders_and_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("nested").join("deeper").join("moderato.db");
+    let url = format!("sqlite:{}", path.display());
+    let store = store::connect(&url)
+        .await
+        .expect("connect creates the file");
+    store.ping().await.expect("ping");
+    assert!(
+        path.is_file(),
+        "database file created at {}",
+        path.display()
+    );
+}
+
+#[tokio::test]
+async fn sqlite_file_is_shared_between_processes_opening_it() {
+    // The server and the `moderato keys` CLI each open their own pool.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite:{}", dir.path().join("shared.db").display());
+    let server = store::connect(&url).await.expect("server connect");
+    let cli = store::connect(&url).await.expect("cli connect");
+    cli.insert_key(&key(9, at(2026, 1, 1, 0, 0, 0)))
+        .await
+        .expect("cli inserts");
+    let seen = server.get_key(&key_id(9)).await.expect("server reads");
+    assert_eq!(seen.map(|k| k.name), Some("customer 9".to_owned()));
+
+    let lite = SqliteStore::connect(&url).await.expect("connect");
+    let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+        .fetch_one(lite.pool())
+        .await
+        .expect("pragma");
+    assert_eq!(mode.to_lowercase(), "wal");
+}
+
+#[test]
+fn test_urls_replace_only_the_database() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
+        "postgres://postgres@127.0.0.1:5432/t1"
+    );
+    assert_eq!(
+        with_database("postgres://u:p@h/db?sslmode=disable", "t2"),
+        "postgres://u:p@h/t2?sslmode=disable"
+    );
+    assert_eq!(
+        with_database("postgres://h:5432", "t3"),
+        "postgres://h:5432/t3"
+    );
+}
