@@ -141,7 +141,13 @@ pub struct ImageAnalysis {
 
 impl ImageAnalysis {
     pub fn with_status(status: AnalysisStatus) -> ImageAnalysis {
-        ImageAnalysis { status, model: None, category_scores: BTreeMap::new(), rationale: None, error: None }
+        ImageAnalysis {
+            status,
+            model: None,
+            category_scores: BTreeMap::new(),
+            rationale: None,
+            error: None,
+        }
     }
 }
 
@@ -156,7 +162,7 @@ pub struct VisionImage {
 /// clients, so it never carries the provider's body beyond a sanitised
 /// excerpt, nor URLs or keys.
 #[derive(Clone, Debug, thiserror::Error)]
-pub(crate) enum Failure {
+enum Failure {
     #[error("the deep analysis did not finish within {0} ms")]
     Timeout(u64),
     #[error("the provider answered HTTP {status}{}", excerpt_suffix(.excerpt))]
@@ -246,7 +252,9 @@ impl VisionClient {
         let (base_url, model) = match (base_url, model) {
             (None, None) => return Ok(None),
             (Some(base_url), Some(model)) => (base_url, model),
-            _ => bail!("vision: set both base_url and model to enable the deep image analysis, or neither"),
+            _ => bail!(
+                "vision: set both base_url and model to enable the deep image analysis, or neither"
+            ),
         };
         validate_limits(settings)?;
         let endpoint = endpoint(base_url)?;
@@ -275,8 +283,14 @@ impl VisionClient {
                 timeout,
                 retries: settings.retries,
                 permits: Semaphore::new(settings.max_concurrency),
-                breaker: Breaker::new(settings.breaker_failures, Duration::from_millis(settings.breaker_cooldown_ms)),
-                flights: Flights::new(settings.cache_entries, Duration::from_millis(settings.cache_ttl_ms)),
+                breaker: Breaker::new(
+                    settings.breaker_failures,
+                    Duration::from_millis(settings.breaker_cooldown_ms),
+                ),
+                flights: Flights::new(
+                    settings.cache_entries,
+                    Duration::from_millis(settings.cache_ttl_ms),
+                ),
             }),
         }))
     }
@@ -286,12 +300,21 @@ impl VisionClient {
     /// input, in order.
     pub async fn analyze(&self, images: Vec<VisionImage>) -> Vec<ImageAnalysis> {
         let deadline = Instant::now() + self.inner.timeout;
-        futures::future::join_all(images.into_iter().map(|image| self.analyze_one(image, deadline))).await
+        futures::future::join_all(
+            images
+                .into_iter()
+                .map(|image| self.analyze_one(image, deadline)),
+        )
+        .await
     }
 
     async fn analyze_one(&self, image: VisionImage, deadline: Instant) -> ImageAnalysis {
         let digest: Digest = Sha256::digest(&image.bytes).into();
-        let outcome = match self.inner.flights.lookup_or_start(digest, || self.start_flight(digest, image)) {
+        let outcome = match self
+            .inner
+            .flights
+            .lookup_or_start(digest, || self.start_flight(digest, image))
+        {
             Lookup::Cached(verdict) => Ok(verdict),
             Lookup::InFlight(pending) => match timeout_at(deadline, pending).await {
                 Ok(outcome) => outcome,
@@ -315,12 +338,20 @@ impl VisionClient {
             let outcome = std::panic::AssertUnwindSafe(inner.fly(digest, image))
                 .catch_unwind()
                 .await
-                .unwrap_or_else(|_| Err(Failure::Connection { detail: "the analysis task panicked".into() }));
+                .unwrap_or_else(|_| {
+                    Err(Failure::Connection {
+                        detail: "the analysis task panicked".into(),
+                    })
+                });
             inner.flights.finish(digest, &outcome);
             outcome
         });
         task.map(|joined| {
-            joined.unwrap_or_else(|_| Err(Failure::Connection { detail: "the analysis task was cancelled".into() }))
+            joined.unwrap_or_else(|_| {
+                Err(Failure::Connection {
+                    detail: "the analysis task was cancelled".into(),
+                })
+            })
         })
         .boxed()
         .shared()
@@ -338,7 +369,10 @@ impl VisionClient {
             },
             Err(failure) => ImageAnalysis {
                 model,
-                error: Some(AnalysisError { code: failure.code().to_owned(), message: failure.to_string() }),
+                error: Some(AnalysisError {
+                    code: failure.code().to_owned(),
+                    message: failure.to_string(),
+                }),
                 ..ImageAnalysis::with_status(AnalysisStatus::Failed)
             },
         }
@@ -349,9 +383,17 @@ impl Inner {
     /// All attempts for one image, within one `timeout_ms` budget.
     async fn fly(&self, digest: Digest, image: VisionImage) -> Outcome {
         let deadline = Instant::now() + self.timeout;
-        let body = match serde_json::to_vec(&answer::request_body(&self.model, &image, self.structured_output)) {
+        let body = match serde_json::to_vec(&answer::request_body(
+            &self.model,
+            &image,
+            self.structured_output,
+        )) {
             Ok(body) => Bytes::from(body),
-            Err(e) => return Err(Failure::Connection { detail: format!("serialising the request: {e}") }),
+            Err(e) => {
+                return Err(Failure::Connection {
+                    detail: format!("serialising the request: {e}"),
+                })
+            }
         };
         drop(image);
         match timeout_at(deadline, self.attempts(&digest, body, deadline)).await {
@@ -372,7 +414,10 @@ impl Inner {
                 Err(failure) => {
                     log_failure(digest, attempt, &failure);
                     let time_left = deadline.saturating_duration_since(Instant::now());
-                    if !failure.is_transient() || attempt >= self.retries || time_left <= RETRY_BACKOFF {
+                    if !failure.is_transient()
+                        || attempt >= self.retries
+                        || time_left <= RETRY_BACKOFF
+                    {
                         return Err(failure);
                     }
                 }
@@ -386,7 +431,11 @@ impl Inner {
     /// breaker allows it.
     async fn attempt(&self, body: Bytes) -> Result<Verdict, Failure> {
         // The semaphore is never closed, so this cannot fail.
-        let _permit = self.permits.acquire().await.map_err(|_| Failure::CircuitOpen)?;
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Failure::CircuitOpen)?;
         let ticket = self.breaker.try_call().ok_or(Failure::CircuitOpen)?;
         let result = self.call(body).await;
         match &result {
@@ -405,16 +454,28 @@ impl Inner {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let mut response = request.send().await.map_err(|e| self.transport_failure(e))?;
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| self.transport_failure(e))?;
         let status = response.status();
         if !status.is_success() {
-            let start = read_capped(&mut response, MAX_ERROR_BODY_BYTES).await.unwrap_or_default();
+            let start = read_capped(&mut response, MAX_ERROR_BODY_BYTES)
+                .await
+                .unwrap_or_default();
             let excerpt = answer::sanitize_excerpt(&start, self.api_key.as_deref());
-            return Err(Failure::Provider { status: status.as_u16(), excerpt });
+            return Err(Failure::Provider {
+                status: status.as_u16(),
+                excerpt,
+            });
         }
-        let body = read_capped(&mut response, MAX_ANSWER_BYTES).await.map_err(|e| self.transport_failure(e))?;
+        let body = read_capped(&mut response, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| self.transport_failure(e))?;
         if body.len() >= MAX_ANSWER_BYTES {
-            return Err(Failure::InvalidResponse(AnswerError::TooLarge(MAX_ANSWER_BYTES)));
+            return Err(Failure::InvalidResponse(AnswerError::TooLarge(
+                MAX_ANSWER_BYTES,
+            )));
         }
         Ok(answer::parse_completion(&body)?)
     }
@@ -424,12 +485,17 @@ impl Inner {
             return Failure::Timeout(self.timeout.as_millis() as u64);
         }
         // The URL may hold credentials (user info, a key in the query).
-        Failure::Connection { detail: error_chain(&error.without_url()) }
+        Failure::Connection {
+            detail: error_chain(&error.without_url()),
+        }
     }
 }
 
 /// Up to `limit` bytes of the body; stops reading there.
-async fn read_capped(response: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, reqwest::Error> {
+async fn read_capped(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, reqwest::Error> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
         let room = limit - body.len();
@@ -456,11 +522,15 @@ fn log_failure(digest: &Digest, attempt: u32, failure: &Failure) {
     let image = short_hash(digest);
     match failure {
         // Logged once, when the circuit opens, not once per refused image.
-        Failure::CircuitOpen => tracing::debug!(image = %image, "vision analysis skipped: circuit open"),
+        Failure::CircuitOpen => {
+            tracing::debug!(image = %image, "vision analysis skipped: circuit open")
+        }
         Failure::Connection { detail } => {
             tracing::warn!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}: {detail}")
         }
-        _ => tracing::warn!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}"),
+        _ => {
+            tracing::warn!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}")
+        }
     }
 }
 
@@ -474,8 +544,11 @@ fn non_empty(value: &Option<String>) -> Option<&str> {
 }
 
 fn endpoint(base_url: &str) -> anyhow::Result<reqwest::Url> {
-    let url = reqwest::Url::parse(&format!("{}/chat/completions", base_url.trim_end_matches('/')))
-        .context("vision: base_url is not a valid URL")?;
+    let url = reqwest::Url::parse(&format!(
+        "{}/chat/completions",
+        base_url.trim_end_matches('/')
+    ))
+    .context("vision: base_url is not a valid URL")?;
     if !matches!(url.scheme(), "http" | "https") {
         bail!("vision: base_url must be an http:// or https:// URL");
     }
@@ -515,32 +588,64 @@ mod tests {
 
     #[test]
     fn no_provider_means_no_client() {
-        assert!(VisionClient::from_settings(&VisionSettings::default()).unwrap().is_none());
-        let blank = VisionSettings { base_url: Some(" ".into()), model: Some("".into()), ..Default::default() };
+        assert!(VisionClient::from_settings(&VisionSettings::default())
+            .unwrap()
+            .is_none());
+        let blank = VisionSettings {
+            base_url: Some(" ".into()),
+            model: Some("".into()),
+            ..Default::default()
+        };
         assert!(VisionClient::from_settings(&blank).unwrap().is_none());
     }
 
     #[test]
     fn half_configured_or_out_of_range_is_an_error() {
-        let only_url = VisionSettings { model: None, ..configured() };
+        let only_url = VisionSettings {
+            model: None,
+            ..configured()
+        };
         assert!(VisionClient::from_settings(&only_url).is_err());
-        assert!(VisionClient::from_settings(&VisionSettings { max_concurrency: 0, ..configured() }).is_err());
-        assert!(VisionClient::from_settings(&VisionSettings { timeout_ms: 0, ..configured() }).is_err());
-        let ftp = VisionSettings { base_url: Some("ftp://host/v1".into()), ..configured() };
+        assert!(VisionClient::from_settings(&VisionSettings {
+            max_concurrency: 0,
+            ..configured()
+        })
+        .is_err());
+        assert!(VisionClient::from_settings(&VisionSettings {
+            timeout_ms: 0,
+            ..configured()
+        })
+        .is_err());
+        let ftp = VisionSettings {
+            base_url: Some("ftp://host/v1".into()),
+            ..configured()
+        };
         assert!(VisionClient::from_settings(&ftp).is_err());
-        let bad_key = VisionSettings { api_key: Some("a\nb".into()), ..configured() };
+        let bad_key = VisionSettings {
+            api_key: Some("a\nb".into()),
+            ..configured()
+        };
         assert!(VisionClient::from_settings(&bad_key).is_err());
     }
 
     #[test]
     fn endpoint_tolerates_a_trailing_slash() {
-        assert_eq!(endpoint("https://api.example.com/v1/").unwrap().as_str(), "https://api.example.com/v1/chat/completions");
-        assert_eq!(endpoint("https://api.example.com/v1").unwrap().as_str(), "https://api.example.com/v1/chat/completions");
+        assert_eq!(
+            endpoint("https://api.example.com/v1/").unwrap().as_str(),
+            "https://api.example.com/v1/chat/completions"
+        );
+        assert_eq!(
+            endpoint("https://api.example.com/v1").unwrap().as_str(),
+            "https://api.example.com/v1/chat/completions"
+        );
     }
 
     #[test]
     fn debug_redacts_the_key() {
-        let settings = VisionSettings { api_key: Some("sk-very-secret".into()), ..configured() };
+        let settings = VisionSettings {
+            api_key: Some("sk-very-secret".into()),
+            ..configured()
+        };
         let shown = format!("{settings:?}");
         assert!(!shown.contains("sk-very-secret"));
         assert!(shown.contains("[redacted]"));
@@ -550,8 +655,10 @@ mod tests {
 
     #[test]
     fn settings_deserialise_with_defaults_and_never_serialise_the_key() {
-        let settings: VisionSettings =
-            serde_json::from_str(r#"{"base_url": "http://x/v1", "model": "m", "api_key": "k", "retries": 3}"#).unwrap();
+        let settings: VisionSettings = serde_json::from_str(
+            r#"{"base_url": "http://x/v1", "model": "m", "api_key": "k", "retries": 3}"#,
+        )
+        .unwrap();
         assert_eq!(settings.retries, 3);
         assert_eq!(settings.timeout_ms, 10_000);
         assert!(settings.structured_output);
@@ -560,12 +667,24 @@ mod tests {
 
     #[test]
     fn failure_messages_and_codes() {
-        let failure = Failure::Provider { status: 503, excerpt: "overloaded".into() };
+        let failure = Failure::Provider {
+            status: 503,
+            excerpt: "overloaded".into(),
+        };
         assert_eq!(failure.code(), "provider_error");
-        assert_eq!(failure.to_string(), "the provider answered HTTP 503: overloaded");
+        assert_eq!(
+            failure.to_string(),
+            "the provider answered HTTP 503: overloaded"
+        );
         assert!(failure.is_transient());
-        assert!(!Failure::Provider { status: 400, excerpt: String::new() }.is_transient());
-        let connection = Failure::Connection { detail: "10.0.0.1 refused".into() };
+        assert!(!Failure::Provider {
+            status: 400,
+            excerpt: String::new()
+        }
+        .is_transient());
+        let connection = Failure::Connection {
+            detail: "10.0.0.1 refused".into(),
+        };
         assert!(!connection.to_string().contains("10.0.0.1"));
     }
 }

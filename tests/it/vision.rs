@@ -14,7 +14,9 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use bytes::Bytes;
 use moderato::moderation::image::ImageFormat;
-use moderato::moderation::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage, VisionSettings};
+use moderato::moderation::vision::{
+    AnalysisStatus, ImageAnalysis, VisionClient, VisionImage, VisionSettings,
+};
 use serde_json::{json, Value};
 use tokio::time::{sleep, Instant};
 
@@ -47,7 +49,9 @@ struct Fake {
 
 impl Fake {
     /// Serves `respond` (given the call's index and JSON body) on 127.0.0.1.
-    async fn start(respond: impl Fn(usize, &Value) -> Reply + Send + Sync + 'static) -> (Fake, SocketAddr) {
+    async fn start(
+        respond: impl Fn(usize, &Value) -> Reply + Send + Sync + 'static,
+    ) -> (Fake, SocketAddr) {
         let fake = Fake {
             calls: Arc::default(),
             in_flight: Arc::default(),
@@ -55,7 +59,9 @@ impl Fake {
             last_request: Arc::default(),
             respond: Arc::new(respond),
         };
-        let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(fake.clone());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -125,11 +131,16 @@ fn settings(addr: SocketAddr) -> VisionSettings {
 }
 
 fn client(settings: &VisionSettings) -> VisionClient {
-    VisionClient::from_settings(settings).unwrap().expect("a provider is configured")
+    VisionClient::from_settings(settings)
+        .unwrap()
+        .expect("a provider is configured")
 }
 
 fn image(bytes: &'static [u8]) -> VisionImage {
-    VisionImage { format: ImageFormat::Png, bytes: Bytes::from_static(bytes) }
+    VisionImage {
+        format: ImageFormat::Png,
+        bytes: Bytes::from_static(bytes),
+    }
 }
 
 async fn analyze_one(client: &VisionClient, bytes: &'static [u8]) -> ImageAnalysis {
@@ -138,7 +149,11 @@ async fn analyze_one(client: &VisionClient, bytes: &'static [u8]) -> ImageAnalys
 
 fn error_code(analysis: &ImageAnalysis) -> &str {
     assert_eq!(analysis.status, AnalysisStatus::Failed, "{analysis:?}");
-    &analysis.error.as_ref().expect("a failure has an error").code
+    &analysis
+        .error
+        .as_ref()
+        .expect("a failure has an error")
+        .code
 }
 
 #[tokio::test]
@@ -150,7 +165,10 @@ async fn good_answer_is_parsed_and_reports_the_model() {
     assert_eq!(analysis.category_scores.len(), 11);
     assert_eq!(analysis.category_scores["violence"], 0.9);
     assert_eq!(analysis.category_scores["violence/graphic"], 0.35);
-    assert_eq!(analysis.rationale.as_deref(), Some("Two cartoon knights fight with swords."));
+    assert_eq!(
+        analysis.rationale.as_deref(),
+        Some("Two cartoon knights fight with swords.")
+    );
     assert_eq!(analysis.error, None);
 }
 
@@ -162,7 +180,9 @@ async fn request_carries_key_image_and_schema() {
     assert_eq!(headers["authorization"], "Bearer test-key-123");
     assert_eq!(body["model"], MODEL);
     assert_eq!(body["temperature"], 0);
-    let url = body["messages"][1]["content"][1]["image_url"]["url"].as_str().unwrap();
+    let url = body["messages"][1]["content"][1]["image_url"]["url"]
+        .as_str()
+        .unwrap();
     assert!(url.starts_with("data:image/png;base64,"), "{url}");
     assert_eq!(sent_image(&body).unwrap(), b"\x89PNG fake bytes");
     assert_eq!(body["response_format"]["type"], "json_schema");
@@ -172,7 +192,11 @@ async fn request_carries_key_image_and_schema() {
 #[tokio::test]
 async fn without_key_or_structured_output_neither_is_sent() {
     let (fake, addr) = Fake::start(|_, _| Reply::Content(good_answer())).await;
-    let settings = VisionSettings { api_key: None, structured_output: false, ..settings(addr) };
+    let settings = VisionSettings {
+        api_key: None,
+        structured_output: false,
+        ..settings(addr)
+    };
     let analysis = analyze_one(&client(&settings), b"plain").await;
     assert_eq!(analysis.status, AnalysisStatus::Completed);
     let (headers, body) = fake.last_request.lock().unwrap().clone().unwrap();
@@ -182,7 +206,8 @@ async fn without_key_or_structured_output_neither_is_sent() {
 
 #[tokio::test]
 async fn fenced_json_answer_is_accepted() {
-    let (_fake, addr) = Fake::start(|_, _| Reply::Content(format!("```json\n{}\n```", good_answer()))).await;
+    let (_fake, addr) =
+        Fake::start(|_, _| Reply::Content(format!("```json\n{}\n```", good_answer()))).await;
     let analysis = analyze_one(&client(&settings(addr)), b"fenced").await;
     assert_eq!(analysis.status, AnalysisStatus::Completed, "{analysis:?}");
     assert_eq!(analysis.category_scores["violence"], 0.9);
@@ -202,14 +227,20 @@ async fn malformed_answers_fail_as_invalid_response() {
         assert_eq!(analysis.model.as_deref(), Some(MODEL));
         assert!(analysis.category_scores.is_empty());
     }
-    let (_fake, addr) = Fake::start(|_, _| Reply::Raw(StatusCode::OK, "<html>gateway</html>".into())).await;
-    assert_eq!(error_code(&analyze_one(&client(&settings(addr)), b"html").await), "invalid_response");
+    let (_fake, addr) =
+        Fake::start(|_, _| Reply::Raw(StatusCode::OK, "<html>gateway</html>".into())).await;
+    assert_eq!(
+        error_code(&analyze_one(&client(&settings(addr)), b"html").await),
+        "invalid_response"
+    );
 }
 
 #[tokio::test]
 async fn out_of_range_score_fails_the_analysis() {
     for score in ["1.5", "-0.2"] {
-        let content = format!(r#"{{"category_scores": {{"hate": 0.1, "violence": {score}}}, "rationale": "x"}}"#);
+        let content = format!(
+            r#"{{"category_scores": {{"hate": 0.1, "violence": {score}}}, "rationale": "x"}}"#
+        );
         let (_fake, addr) = Fake::start(move |_, _| Reply::Content(content.clone())).await;
         let analysis = analyze_one(&client(&settings(addr)), b"range").await;
         assert_eq!(error_code(&analysis), "invalid_response", "{score}");
@@ -223,15 +254,26 @@ async fn unknown_categories_are_ignored_and_missing_ones_absent() {
     let (_fake, addr) = Fake::start(move |_, _| Reply::Content(content.to_owned())).await;
     let analysis = analyze_one(&client(&settings(addr)), b"partial").await;
     assert_eq!(analysis.status, AnalysisStatus::Completed, "{analysis:?}");
-    assert_eq!(analysis.category_scores.keys().collect::<Vec<_>>(), vec!["violence"]);
-    assert!(!analysis.category_scores.contains_key("hate"), "not evaluated must not read as 0");
+    assert_eq!(
+        analysis.category_scores.keys().collect::<Vec<_>>(),
+        vec!["violence"]
+    );
+    assert!(
+        !analysis.category_scores.contains_key("hate"),
+        "not evaluated must not read as 0"
+    );
 }
 
 #[tokio::test]
 async fn http_500_fails_with_status_and_without_the_raw_body() {
-    let body = r#"{"error": {"message": "upstream overloaded, key sk-live-abcdef0123456789 rejected"}}"#;
-    let (fake, addr) = Fake::start(move |_, _| Reply::Raw(StatusCode::INTERNAL_SERVER_ERROR, body.into())).await;
-    let settings = VisionSettings { retries: 0, ..settings(addr) };
+    let body =
+        r#"{"error": {"message": "upstream overloaded, key sk-live-abcdef0123456789 rejected"}}"#;
+    let (fake, addr) =
+        Fake::start(move |_, _| Reply::Raw(StatusCode::INTERNAL_SERVER_ERROR, body.into())).await;
+    let settings = VisionSettings {
+        retries: 0,
+        ..settings(addr)
+    };
     let analysis = analyze_one(&client(&settings), b"five hundred").await;
     assert_eq!(error_code(&analysis), "provider_error");
     let message = analysis.error.unwrap().message;
@@ -256,7 +298,10 @@ async fn transient_500_is_retried_then_succeeds() {
 #[tokio::test]
 async fn client_errors_are_not_retried() {
     let (fake, addr) = Fake::start(|_, _| Reply::Raw(StatusCode::BAD_REQUEST, "bad".into())).await;
-    let settings = VisionSettings { retries: 3, ..settings(addr) };
+    let settings = VisionSettings {
+        retries: 3,
+        ..settings(addr)
+    };
     let analysis = analyze_one(&client(&settings), b"four hundred").await;
     assert_eq!(error_code(&analysis), "provider_error");
     assert!(analysis.error.unwrap().message.contains("400"));
@@ -265,12 +310,22 @@ async fn client_errors_are_not_retried() {
 
 #[tokio::test]
 async fn slow_provider_times_out_within_the_bound() {
-    let (_fake, addr) = Fake::start(|_, _| Reply::SlowContent(Duration::from_secs(30), good_answer())).await;
-    let settings = VisionSettings { timeout_ms: 300, ..settings(addr) };
+    let (_fake, addr) =
+        Fake::start(|_, _| Reply::SlowContent(Duration::from_secs(30), good_answer())).await;
+    let settings = VisionSettings {
+        timeout_ms: 300,
+        ..settings(addr)
+    };
     let client = client(&settings);
     let started = Instant::now();
-    let results = client.analyze(vec![image(b"slow one"), image(b"slow two")]).await;
-    assert!(started.elapsed() < Duration::from_millis(300) + SLACK, "took {:?}", started.elapsed());
+    let results = client
+        .analyze(vec![image(b"slow one"), image(b"slow two")])
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(300) + SLACK,
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(results.len(), 2);
     for analysis in &results {
         assert_eq!(error_code(analysis), "timeout");
@@ -288,10 +343,17 @@ async fn hung_connection_times_out_within_the_bound() {
             held.push(socket);
         }
     });
-    let settings = VisionSettings { timeout_ms: 300, ..settings(addr) };
+    let settings = VisionSettings {
+        timeout_ms: 300,
+        ..settings(addr)
+    };
     let started = Instant::now();
     let analysis = analyze_one(&client(&settings), b"hung").await;
-    assert!(started.elapsed() < Duration::from_millis(300) + SLACK, "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(300) + SLACK,
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(error_code(&analysis), "timeout");
 }
 
@@ -301,12 +363,23 @@ async fn closed_port_fails_as_connection_failed() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    let settings = VisionSettings { timeout_ms: 1_000, ..settings(addr) };
+    let settings = VisionSettings {
+        timeout_ms: 1_000,
+        ..settings(addr)
+    };
     let started = Instant::now();
     let analysis = analyze_one(&client(&settings), b"closed").await;
-    assert!(started.elapsed() < Duration::from_millis(1_000) + SLACK, "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000) + SLACK,
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(error_code(&analysis), "connection_failed");
-    assert!(!analysis.error.unwrap().message.contains(&addr.port().to_string()));
+    assert!(!analysis
+        .error
+        .unwrap()
+        .message
+        .contains(&addr.port().to_string()));
 }
 
 #[tokio::test]
@@ -316,9 +389,18 @@ async fn each_image_gets_its_own_status() {
         _ => Reply::Content("not json".into()),
     })
     .await;
-    let results = client(&settings(addr)).analyze(vec![image(b"good"), image(b"bad"), image(b"good")]).await;
+    let results = client(&settings(addr))
+        .analyze(vec![image(b"good"), image(b"bad"), image(b"good")])
+        .await;
     let statuses: Vec<_> = results.iter().map(|a| a.status).collect();
-    assert_eq!(statuses, vec![AnalysisStatus::Completed, AnalysisStatus::Failed, AnalysisStatus::Completed]);
+    assert_eq!(
+        statuses,
+        vec![
+            AnalysisStatus::Completed,
+            AnalysisStatus::Failed,
+            AnalysisStatus::Completed
+        ]
+    );
     assert_eq!(error_code(&results[1]), "invalid_response");
 }
 
@@ -334,35 +416,71 @@ async fn circuit_opens_after_failures_and_closes_after_cooldown() {
         }
     })
     .await;
-    let settings =
-        VisionSettings { retries: 0, breaker_failures: 3, breaker_cooldown_ms: 300, cache_entries: 0, ..settings(addr) };
+    let settings = VisionSettings {
+        retries: 0,
+        breaker_failures: 3,
+        breaker_cooldown_ms: 300,
+        cache_entries: 0,
+        ..settings(addr)
+    };
     let client = client(&settings);
     for bytes in [&b"one"[..], b"two", b"three"] {
-        assert_eq!(error_code(&analyze_one(&client, bytes).await), "provider_error");
+        assert_eq!(
+            error_code(&analyze_one(&client, bytes).await),
+            "provider_error"
+        );
     }
     assert_eq!(fake.calls(), 3);
 
     let refused = analyze_one(&client, b"four").await;
     assert_eq!(error_code(&refused), "circuit_open");
-    assert_eq!(fake.calls(), 3, "an open circuit must not call the provider");
+    assert_eq!(
+        fake.calls(),
+        3,
+        "an open circuit must not call the provider"
+    );
 
     failing.store(false, Ordering::SeqCst);
     sleep(Duration::from_millis(600)).await;
-    assert_eq!(analyze_one(&client, b"five").await.status, AnalysisStatus::Completed);
-    assert_eq!(analyze_one(&client, b"six").await.status, AnalysisStatus::Completed);
+    assert_eq!(
+        analyze_one(&client, b"five").await.status,
+        AnalysisStatus::Completed
+    );
+    assert_eq!(
+        analyze_one(&client, b"six").await.status,
+        AnalysisStatus::Completed
+    );
     assert_eq!(fake.calls(), 5);
 }
 
 #[tokio::test]
 async fn failed_trial_reopens_the_circuit() {
-    let (fake, addr) = Fake::start(|_, _| Reply::Raw(StatusCode::INTERNAL_SERVER_ERROR, "down".into())).await;
-    let settings = VisionSettings { retries: 0, breaker_failures: 1, breaker_cooldown_ms: 300, ..settings(addr) };
+    let (fake, addr) =
+        Fake::start(|_, _| Reply::Raw(StatusCode::INTERNAL_SERVER_ERROR, "down".into())).await;
+    let settings = VisionSettings {
+        retries: 0,
+        breaker_failures: 1,
+        breaker_cooldown_ms: 300,
+        ..settings(addr)
+    };
     let client = client(&settings);
-    assert_eq!(error_code(&analyze_one(&client, b"a").await), "provider_error");
-    assert_eq!(error_code(&analyze_one(&client, b"b").await), "circuit_open");
+    assert_eq!(
+        error_code(&analyze_one(&client, b"a").await),
+        "provider_error"
+    );
+    assert_eq!(
+        error_code(&analyze_one(&client, b"b").await),
+        "circuit_open"
+    );
     sleep(Duration::from_millis(600)).await;
-    assert_eq!(error_code(&analyze_one(&client, b"c").await), "provider_error");
-    assert_eq!(error_code(&analyze_one(&client, b"d").await), "circuit_open");
+    assert_eq!(
+        error_code(&analyze_one(&client, b"c").await),
+        "provider_error"
+    );
+    assert_eq!(
+        error_code(&analyze_one(&client, b"d").await),
+        "circuit_open"
+    );
     assert_eq!(fake.calls(), 2);
 }
 
@@ -381,7 +499,10 @@ async fn identical_images_are_analysed_once_within_the_window() {
 #[tokio::test]
 async fn cache_entries_expire() {
     let (fake, addr) = Fake::start(|_, _| Reply::Content(good_answer())).await;
-    let client = client(&VisionSettings { cache_ttl_ms: 100, ..settings(addr) });
+    let client = client(&VisionSettings {
+        cache_ttl_ms: 100,
+        ..settings(addr)
+    });
     analyze_one(&client, b"short lived").await;
     sleep(Duration::from_millis(300)).await;
     analyze_one(&client, b"short lived").await;
@@ -396,33 +517,55 @@ async fn failures_are_not_cached() {
     })
     .await;
     let client = client(&settings(addr));
-    assert_eq!(error_code(&analyze_one(&client, b"flaky").await), "invalid_response");
-    assert_eq!(analyze_one(&client, b"flaky").await.status, AnalysisStatus::Completed);
+    assert_eq!(
+        error_code(&analyze_one(&client, b"flaky").await),
+        "invalid_response"
+    );
+    assert_eq!(
+        analyze_one(&client, b"flaky").await.status,
+        AnalysisStatus::Completed
+    );
     assert_eq!(fake.calls(), 2);
 }
 
 #[tokio::test]
 async fn concurrent_requests_for_one_image_share_a_single_call() {
-    let (fake, addr) = Fake::start(|_, _| Reply::SlowContent(Duration::from_millis(300), good_answer())).await;
+    let (fake, addr) =
+        Fake::start(|_, _| Reply::SlowContent(Duration::from_millis(300), good_answer())).await;
     let client = client(&settings(addr));
-    let (a, b) = tokio::join!(analyze_one(&client, b"popular"), analyze_one(&client, b"popular"));
+    let (a, b) = tokio::join!(
+        analyze_one(&client, b"popular"),
+        analyze_one(&client, b"popular")
+    );
     let within_one_request = client.analyze(vec![image(b"twice"), image(b"twice")]).await;
     assert_eq!(a.status, AnalysisStatus::Completed);
     assert_eq!(a, b);
-    assert!(within_one_request.iter().all(|r| r.status == AnalysisStatus::Completed));
+    assert!(within_one_request
+        .iter()
+        .all(|r| r.status == AnalysisStatus::Completed));
     assert_eq!(fake.calls(), 2);
 }
 
 #[tokio::test]
 async fn provider_calls_are_bounded_by_max_concurrency() {
-    let (fake, addr) = Fake::start(|_, _| Reply::SlowContent(Duration::from_millis(100), good_answer())).await;
-    let client = client(&VisionSettings { max_concurrency: 2, timeout_ms: 5_000, ..settings(addr) });
+    let (fake, addr) =
+        Fake::start(|_, _| Reply::SlowContent(Duration::from_millis(100), good_answer())).await;
+    let client = client(&VisionSettings {
+        max_concurrency: 2,
+        timeout_ms: 5_000,
+        ..settings(addr)
+    });
     let images = [&b"i1"[..], b"i2", b"i3", b"i4", b"i5", b"i6"]
         .into_iter()
         .map(image)
         .collect();
     let results = client.analyze(images).await;
-    assert!(results.iter().all(|r| r.status == AnalysisStatus::Completed), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.status == AnalysisStatus::Completed),
+        "{results:?}"
+    );
     assert_eq!(fake.calls(), 6);
     assert!(fake.max_in_flight.load(Ordering::SeqCst) <= 2);
 }

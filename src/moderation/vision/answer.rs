@@ -28,7 +28,7 @@ pub(super) struct Verdict {
 
 /// Why an answer was refused; the message is shown to API clients, so it
 /// never repeats the answer's free text.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub(super) enum AnswerError {
     #[error("the answer is not a chat completion")]
     NotACompletion,
@@ -97,13 +97,17 @@ fn system_prompt() -> String {
 fn describe(category: Category) -> &'static str {
     match category {
         Category::Harassment => "harassing or demeaning content aimed at any target",
-        Category::HarassmentThreatening => "harassment that also threatens violence or serious harm",
+        Category::HarassmentThreatening => {
+            "harassment that also threatens violence or serious harm"
+        }
         Category::Hate => {
             "hatred against people for a protected attribute (race, ethnicity, religion, \
              nationality, gender, sexual orientation, disability, caste)"
         }
         Category::HateThreatening => "hateful content that also threatens violence or serious harm",
-        Category::SelfHarm => "promotes, encourages or depicts self-harm, suicide or eating disorders",
+        Category::SelfHarm => {
+            "promotes, encourages or depicts self-harm, suicide or eating disorders"
+        }
         Category::SelfHarmIntent => "someone expresses that they self-harm or intend to",
         Category::SelfHarmInstructions => "instructions or encouragement to perform self-harm",
         Category::Sexual => "sexually explicit or arousing content, or offers of sexual services",
@@ -163,7 +167,10 @@ pub(super) fn parse_completion(body: &[u8]) -> Result<Verdict, AnswerError> {
 }
 
 fn join_text_parts(parts: &[Value]) -> String {
-    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect()
+    parts
+        .iter()
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect()
 }
 
 /// Reads the model's JSON object. Unknown keys are ignored, a category left
@@ -173,15 +180,23 @@ fn join_text_parts(parts: &[Value]) -> String {
 pub(super) fn parse_content(content: &str) -> Result<Verdict, AnswerError> {
     let value: Value = serde_json::from_str(unfence(content)).map_err(|_| AnswerError::NotJson)?;
     let object = value.as_object().ok_or(AnswerError::NotJson)?;
-    let raw_scores = object.get("category_scores").and_then(Value::as_object).ok_or(AnswerError::NoScores)?;
+    let raw_scores = object
+        .get("category_scores")
+        .and_then(Value::as_object)
+        .ok_or(AnswerError::NoScores)?;
     let mut scores = BTreeMap::new();
     for (name, raw) in raw_scores {
-        let Some(category) = Category::parse(name) else { continue };
+        let Some(category) = Category::parse(name) else {
+            continue;
+        };
         if let Some(score) = parse_score(category, raw)? {
             scores.insert(category.as_str().to_owned(), score);
         }
     }
-    let rationale = object.get("rationale").and_then(Value::as_str).and_then(clean_rationale);
+    let rationale = object
+        .get("rationale")
+        .and_then(Value::as_str)
+        .and_then(clean_rationale);
     Ok(Verdict { scores, rationale })
 }
 
@@ -189,9 +204,14 @@ fn parse_score(category: Category, raw: &Value) -> Result<Option<f32>, AnswerErr
     if raw.is_null() {
         return Ok(None);
     }
-    let value = raw.as_f64().ok_or(AnswerError::NotANumber(category.as_str()))?;
+    let value = raw
+        .as_f64()
+        .ok_or(AnswerError::NotANumber(category.as_str()))?;
     if !value.is_finite() || !(0.0..=1.0).contains(&value) {
-        return Err(AnswerError::OutOfRange { category: category.as_str(), value });
+        return Err(AnswerError::OutOfRange {
+            category: category.as_str(),
+            value,
+        });
     }
     Ok(Some(value as f32))
 }
@@ -203,10 +223,14 @@ fn unfence(content: &str) -> &str {
     if trimmed.starts_with('{') {
         return trimmed;
     }
-    let Some(start) = trimmed.find("```") else { return trimmed };
+    let Some(start) = trimmed.find("```") else {
+        return trimmed;
+    };
     let after_ticks = &trimmed[start + 3..];
     // Skip the info string (`json`) up to the end of the fence line.
-    let Some(newline) = after_ticks.find('\n') else { return trimmed };
+    let Some(newline) = after_ticks.find('\n') else {
+        return trimmed;
+    };
     let inner = &after_ticks[newline + 1..];
     match inner.find("```") {
         Some(end) => inner[..end].trim(),
@@ -216,8 +240,11 @@ fn unfence(content: &str) -> &str {
 
 /// One line of at most [`MAX_RATIONALE_CHARS`] characters, or `None` if empty.
 fn clean_rationale(raw: &str) -> Option<String> {
-    let one_line: String =
-        raw.chars().map(|c| if c.is_control() { ' ' } else { c }).take(MAX_RATIONALE_CHARS).collect();
+    let one_line: String = raw
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_RATIONALE_CHARS)
+        .collect();
     let trimmed = one_line.trim();
     (!trimmed.is_empty()).then(|| trimmed.to_owned())
 }
@@ -253,7 +280,11 @@ pub(super) fn sanitize_excerpt(body: &[u8], secret: Option<&str>) -> String {
 fn error_message(text: &str) -> Option<String> {
     let value: Value = serde_json::from_str(text).ok()?;
     let message = value.get("error")?;
-    message.get("message").and_then(Value::as_str).or(message.as_str()).map(str::to_owned)
+    message
+        .get("message")
+        .and_then(Value::as_str)
+        .or(message.as_str())
+        .map(str::to_owned)
 }
 
 fn looks_secret(word: &str, secret: Option<&str>) -> bool {
@@ -269,14 +300,18 @@ mod tests {
     use bytes::Bytes;
 
     fn completion(content: &str) -> Vec<u8> {
-        serde_json::to_vec(&json!({ "choices": [{ "message": { "role": "assistant", "content": content } }] }))
-            .unwrap()
+        serde_json::to_vec(
+            &json!({ "choices": [{ "message": { "role": "assistant", "content": content } }] }),
+        )
+        .unwrap()
     }
 
     #[test]
     fn parses_known_scores_and_rationale() {
-        let verdict =
-            parse_content(r#"{"category_scores": {"violence": 0.8, "sexual": 0}, "rationale": "A fight."}"#).unwrap();
+        let verdict = parse_content(
+            r#"{"category_scores": {"violence": 0.8, "sexual": 0}, "rationale": "A fight."}"#,
+        )
+        .unwrap();
         assert_eq!(verdict.scores.get("violence"), Some(&0.8));
         assert_eq!(verdict.scores.get("sexual"), Some(&0.0));
         assert_eq!(verdict.scores.len(), 2);
@@ -285,16 +320,18 @@ mod tests {
 
     #[test]
     fn unknown_categories_and_keys_are_ignored_missing_ones_absent() {
-        let verdict =
-            parse_content(r#"{"category_scores": {"hate": 0.1, "spam": 0.9, "Violence": 0.5}, "extra": [1, 2]}"#)
-                .unwrap();
+        let verdict = parse_content(
+            r#"{"category_scores": {"hate": 0.1, "spam": 0.9, "Violence": 0.5}, "extra": [1, 2]}"#,
+        )
+        .unwrap();
         assert_eq!(verdict.scores.keys().collect::<Vec<_>>(), vec!["hate"]);
         assert_eq!(verdict.rationale, None);
     }
 
     #[test]
     fn null_score_means_not_evaluated() {
-        let verdict = parse_content(r#"{"category_scores": {"hate": null, "violence": 1}}"#).unwrap();
+        let verdict =
+            parse_content(r#"{"category_scores": {"hate": null, "violence": 1}}"#).unwrap();
         assert_eq!(verdict.scores.keys().collect::<Vec<_>>(), vec!["violence"]);
     }
 
@@ -303,7 +340,13 @@ mod tests {
         for bad in ["1.5", "-0.1", "1e300"] {
             let content = format!(r#"{{"category_scores": {{"hate": {bad}}}}}"#);
             assert!(
-                matches!(parse_content(&content), Err(AnswerError::OutOfRange { category: "hate", .. })),
+                matches!(
+                    parse_content(&content),
+                    Err(AnswerError::OutOfRange {
+                        category: "hate",
+                        ..
+                    })
+                ),
                 "{bad} accepted"
             );
         }
@@ -315,26 +358,46 @@ mod tests {
             parse_content(r#"{"category_scores": {"hate": "low"}}"#),
             Err(AnswerError::NotANumber("hate"))
         );
-        assert_eq!(parse_content(r#"{"category_scores": {"hate": 0.1"#), Err(AnswerError::NotJson));
-        assert_eq!(parse_content("I cannot help with that."), Err(AnswerError::NotJson));
+        assert_eq!(
+            parse_content(r#"{"category_scores": {"hate": 0.1"#),
+            Err(AnswerError::NotJson)
+        );
+        assert_eq!(
+            parse_content("I cannot help with that."),
+            Err(AnswerError::NotJson)
+        );
         assert_eq!(parse_content("[0.1, 0.2]"), Err(AnswerError::NotJson));
-        assert_eq!(parse_content(r#"{"scores": {"hate": 0.1}}"#), Err(AnswerError::NoScores));
-        assert_eq!(parse_content(r#"{"category_scores": [0.1]}"#), Err(AnswerError::NoScores));
+        assert_eq!(
+            parse_content(r#"{"scores": {"hate": 0.1}}"#),
+            Err(AnswerError::NoScores)
+        );
+        assert_eq!(
+            parse_content(r#"{"category_scores": [0.1]}"#),
+            Err(AnswerError::NoScores)
+        );
     }
 
     #[test]
     fn fenced_json_is_accepted() {
         let fenced = "```json\n{\"category_scores\": {\"self-harm\": 0.25}}\n```";
-        assert_eq!(parse_content(fenced).unwrap().scores.get("self-harm"), Some(&0.25));
+        assert_eq!(
+            parse_content(fenced).unwrap().scores.get("self-harm"),
+            Some(&0.25)
+        );
         let with_prose = "Here you go:\n```\n{\"category_scores\": {\"hate\": 0.5}}\n```\nDone.";
-        assert_eq!(parse_content(with_prose).unwrap().scores.get("hate"), Some(&0.5));
+        assert_eq!(
+            parse_content(with_prose).unwrap().scores.get("hate"),
+            Some(&0.5)
+        );
         assert_eq!(parse_content("```json"), Err(AnswerError::NotJson));
     }
 
     #[test]
     fn rationale_is_one_bounded_line() {
         let long = "x".repeat(5000);
-        let content = json!({ "category_scores": {}, "rationale": format!("line one\nline two {long}") }).to_string();
+        let content =
+            json!({ "category_scores": {}, "rationale": format!("line one\nline two {long}") })
+                .to_string();
         let rationale = parse_content(&content).unwrap().rationale.unwrap();
         assert!(rationale.starts_with("line one line two"));
         assert!(!rationale.contains('\n'));
@@ -345,33 +408,56 @@ mod tests {
 
     #[test]
     fn completion_envelope_is_checked() {
-        let verdict = parse_completion(&completion(r#"{"category_scores": {"sexual": 0.0}}"#)).unwrap();
+        let verdict =
+            parse_completion(&completion(r#"{"category_scores": {"sexual": 0.0}}"#)).unwrap();
         assert_eq!(verdict.scores.get("sexual"), Some(&0.0));
-        assert_eq!(parse_completion(b"not json"), Err(AnswerError::NotACompletion));
-        assert_eq!(parse_completion(br#"{"choices": []}"#), Err(AnswerError::NotACompletion));
+        assert_eq!(
+            parse_completion(b"not json"),
+            Err(AnswerError::NotACompletion)
+        );
+        assert_eq!(
+            parse_completion(br#"{"choices": []}"#),
+            Err(AnswerError::NotACompletion)
+        );
         assert_eq!(
             parse_completion(br#"{"choices": [{"message": {"content": null, "refusal": "no"}}]}"#),
             Err(AnswerError::Refused)
         );
-        assert_eq!(parse_completion(br#"{"choices": [{"message": {}}]}"#), Err(AnswerError::NoContent));
+        assert_eq!(
+            parse_completion(br#"{"choices": [{"message": {}}]}"#),
+            Err(AnswerError::NoContent)
+        );
         let parts = br#"{"choices": [{"message": {"content": [{"type": "text", "text": "{\"category_scores\": {\"hate\": 0.5}}"}]}}]}"#;
-        assert_eq!(parse_completion(parts).unwrap().scores.get("hate"), Some(&0.5));
+        assert_eq!(
+            parse_completion(parts).unwrap().scores.get("hate"),
+            Some(&0.5)
+        );
     }
 
     #[test]
     fn request_carries_image_schema_and_zero_temperature() {
-        let image = VisionImage { format: ImageFormat::Png, bytes: Bytes::from_static(b"\x89PNG") };
+        let image = VisionImage {
+            format: ImageFormat::Png,
+            bytes: Bytes::from_static(b"\x89PNG"),
+        };
         let body = request_body("m1", &image, true);
         assert_eq!(body["model"], "m1");
         assert_eq!(body["temperature"], 0);
-        assert_eq!(body["messages"][1]["content"][1]["image_url"]["url"], "data:image/png;base64,iVBORw==");
+        assert_eq!(
+            body["messages"][1]["content"][1]["image_url"]["url"],
+            "data:image/png;base64,iVBORw=="
+        );
         let schema = &body["response_format"]["json_schema"];
         assert_eq!(schema["strict"], true);
-        let required = schema["schema"]["properties"]["category_scores"]["required"].as_array().unwrap();
+        let required = schema["schema"]["properties"]["category_scores"]["required"]
+            .as_array()
+            .unwrap();
         assert_eq!(required.len(), Category::ALL.len());
         let prompt = body["messages"][0]["content"].as_str().unwrap();
         assert!(Category::ALL.iter().all(|c| prompt.contains(c.as_str())));
-        assert!(request_body("m1", &image, false).get("response_format").is_none());
+        assert!(request_body("m1", &image, false)
+            .get("response_format")
+            .is_none());
     }
 
     #[test]
@@ -384,7 +470,11 @@ mod tests {
         let noisy = format!("<html>\u{1b}[31m{}</html>", "word ".repeat(100));
         let excerpt = sanitize_excerpt(noisy.as_bytes(), None);
         assert!(excerpt.chars().count() <= MAX_EXCERPT_CHARS + 2);
-        assert!(excerpt.chars().all(|c| c == ' ' || c == '…' || c.is_ascii_graphic()));
-        assert!(!sanitize_excerpt(b"token mysecretkey", Some("mysecretkey")).contains("mysecretkey"));
+        assert!(excerpt
+            .chars()
+            .all(|c| c == ' ' || c == '…' || c.is_ascii_graphic()));
+        assert!(
+            !sanitize_excerpt(b"token mysecretkey", Some("mysecretkey")).contains("mysecretkey")
+        );
     }
 }

@@ -40,14 +40,26 @@ struct State {
 impl Flights {
     /// `entries == 0` or a zero `ttl` disables the cache (single-flight stays).
     pub(super) fn new(entries: usize, ttl: Duration) -> Flights {
-        let cache = NonZeroUsize::new(entries).filter(|_| !ttl.is_zero()).map(LruCache::new);
-        Flights { ttl, state: Mutex::new(State { cache, in_flight: HashMap::new() }) }
+        let cache = NonZeroUsize::new(entries)
+            .filter(|_| !ttl.is_zero())
+            .map(LruCache::new);
+        Flights {
+            ttl,
+            state: Mutex::new(State {
+                cache,
+                in_flight: HashMap::new(),
+            }),
+        }
     }
 
     /// A fresh cached result, the flight already under way for this image,
     /// or a new flight from `start`. One lock covers the three so that no
     /// image is ever sent twice by a race between them.
-    pub(super) fn lookup_or_start(&self, digest: Digest, start: impl FnOnce() -> Pending) -> Lookup {
+    pub(super) fn lookup_or_start(
+        &self,
+        digest: Digest,
+        start: impl FnOnce() -> Pending,
+    ) -> Lookup {
         let mut state = self.lock();
         if let Some(verdict) = state.cached(&digest, self.ttl) {
             return Lookup::Cached(verdict);
@@ -72,7 +84,9 @@ impl Flights {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update leaves the maps consistent, so a poisoned lock is safe to reuse.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -95,7 +109,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn verdict() -> Arc<Verdict> {
-        Arc::new(Verdict { scores: BTreeMap::from([("hate".to_owned(), 0.5)]), rationale: None })
+        Arc::new(Verdict {
+            scores: BTreeMap::from([("hate".to_owned(), 0.5)]),
+            rationale: None,
+        })
     }
 
     fn ready(outcome: Outcome) -> Pending {
@@ -112,19 +129,33 @@ mod tests {
         }) else {
             panic!("nothing cached yet")
         };
-        let Lookup::InFlight(_) = flights.lookup_or_start([1; 32], || unreachable!("already in flight")) else {
+        let Lookup::InFlight(_) =
+            flights.lookup_or_start([1; 32], || unreachable!("already in flight"))
+        else {
             panic!("must join the flight")
         };
         assert_eq!(starts, 1);
         flights.finish([1; 32], &Ok(verdict()));
-        assert!(matches!(flights.lookup_or_start([1; 32], || unreachable!()), Lookup::Cached(_)));
+        assert!(matches!(
+            flights.lookup_or_start([1; 32], || unreachable!()),
+            Lookup::Cached(_)
+        ));
     }
 
     #[test]
     fn failures_are_not_cached_and_zero_ttl_disables() {
         let flights = Flights::new(8, Duration::from_secs(60));
-        let _ = flights.lookup_or_start([2; 32], || ready(Err(Failure::Connection { detail: String::new() })));
-        flights.finish([2; 32], &Err(Failure::Connection { detail: String::new() }));
+        let _ = flights.lookup_or_start([2; 32], || {
+            ready(Err(Failure::Connection {
+                detail: String::new(),
+            }))
+        });
+        flights.finish(
+            [2; 32],
+            &Err(Failure::Connection {
+                detail: String::new(),
+            }),
+        );
         let mut started = false;
         let _ = flights.lookup_or_start([2; 32], || {
             started = true;
@@ -134,7 +165,10 @@ mod tests {
 
         let uncached = Flights::new(8, Duration::ZERO);
         uncached.finish([3; 32], &Ok(verdict()));
-        assert!(matches!(uncached.lookup_or_start([3; 32], || ready(Ok(verdict()))), Lookup::InFlight(_)));
+        assert!(matches!(
+            uncached.lookup_or_start([3; 32], || ready(Ok(verdict()))),
+            Lookup::InFlight(_)
+        ));
     }
 
     #[test]
@@ -142,7 +176,13 @@ mod tests {
         let flights = Flights::new(1, Duration::from_secs(60));
         flights.finish([4; 32], &Ok(verdict()));
         flights.finish([5; 32], &Ok(verdict()));
-        assert!(matches!(flights.lookup_or_start([5; 32], || unreachable!()), Lookup::Cached(_)));
-        assert!(matches!(flights.lookup_or_start([4; 32], || ready(Ok(verdict()))), Lookup::InFlight(_)));
+        assert!(matches!(
+            flights.lookup_or_start([5; 32], || unreachable!()),
+            Lookup::Cached(_)
+        ));
+        assert!(matches!(
+            flights.lookup_or_start([4; 32], || ready(Ok(verdict()))),
+            Lookup::InFlight(_)
+        ));
     }
 }
