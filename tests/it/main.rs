@@ -9,3 +9,4 @@ mod limits;
 mod signatures;
 mod store;
 mod usage;
+mod vision;
