@@ -221,11 +221,14 @@ fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
     }
 }
 
+/// Refused by the rate limiter; its body's sizes are recorded but not billed.
 fn refused(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
     UsageEvent {
         status: 429,
-        text_items: 0,
-        text_chars: 0,
+        text_items: 4,
+        text_chars: 400,
+        image_items: 1,
+        deep_analyses: 1,
         rate_limited: true,
         billable: false,
         latency_ms: 0,
