@@ -55,7 +55,9 @@ pub(super) fn map_migrate(err: sqlx::migrate::MigrateError) -> StoreError {
         M::Execute(e) => map_sqlx(e),
         M::ExecuteMigration(e, version) => match map_sqlx(e) {
             StoreError::Unavailable(m) => StoreError::Unavailable(m),
-            other => StoreError::Other(format!("migration {version} failed: {other}")),
+            StoreError::Conflict(m) | StoreError::Other(m) => {
+                StoreError::Other(format!("migration {version} failed: {m}"))
+            }
         },
         other => StoreError::Other(format!("migrations: {other}")),
     }

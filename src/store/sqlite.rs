@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, NaiveTime, SecondsFormat, Utc};
+use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
@@ -29,6 +30,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BINDS: usize = 32_766;
 const USAGE_COLUMN_COUNT: usize = 13;
 const ROWS_PER_INSERT: usize = MAX_BINDS / USAGE_COLUMN_COUNT;
+
+/// Runs of the migrator before giving up, and the delay step between them.
+const MIGRATE_ATTEMPTS: u32 = 4;
+const MIGRATE_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -117,7 +122,23 @@ fn parse_day(s: &str) -> Result<NaiveDate, StoreError> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await.map_err(map_migrate)
+        // sqlx takes no lock around SQLite migrations: when two processes
+        // open a new file at once, the loser fails ("table already exists")
+        // once the winner commits. Each migration is one transaction, so a
+        // rerun then finds it applied.
+        let mut attempt = 1;
+        loop {
+            match MIGRATOR.run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
+                    if attempt < MIGRATE_ATTEMPTS =>
+                {
+                    tokio::time::sleep(MIGRATE_RETRY_DELAY * attempt).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(map_migrate(e)),
+            }
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -221,11 +221,14 @@ fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
     }
 }
 
+/// Refused by the rate limiter; its body's sizes are recorded but not billed.
 fn refused(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
     UsageEvent {
         status: 429,
-        text_items: 0,
-        text_chars: 0,
+        text_items: 4,
+        text_chars: 400,
+        image_items: 1,
+        deep_analyses: 1,
         rate_limited: true,
         billable: false,
         latency_ms: 0,
@@ -829,4 +832,27 @@ fn test_urls_replace_only_the_database() {
         with_database("postgres://h:5432", "t3"),
         "postgres://h:5432/t3"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_first_start_by_several_processes_migrates_once() {
+    // The server and a `moderato keys` command may both find no database.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite:{}", dir.path().join("fresh.db").display());
+    let opened = futures::future::join_all((0..4).map(|_| store::connect(&url))).await;
+    for (i, outcome) in opened.into_iter().enumerate() {
+        let store = outcome.unwrap_or_else(|e| panic!("opener {i} failed: {e}"));
+        store.list_keys().await.expect("schema in place");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_in_memory_keeps_data_across_pooled_connections() {
+    let store = store::connect("sqlite::memory:").await.expect("connect");
+    add_keys(store.as_ref(), &[1, 2, 3]).await;
+    // More concurrent readers than one connection: they must see one database.
+    let reads = futures::future::join_all((0..6).map(|_| store.list_keys())).await;
+    for keys in reads {
+        assert_eq!(keys.expect("list").len(), 3);
+    }
 }
