@@ -236,6 +236,7 @@ fn environment() -> Env {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return its large error type
 mod tests {
     use super::*;
 

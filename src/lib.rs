@@ -201,10 +201,18 @@ fn text_classifier(
 fn image_classifier(models_dir: &Path) -> anyhow::Result<Arc<dyn ImageClassifier>> {
     static CACHE: OnceLock<ImageCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(models_dir) {
+    if let Some(found) = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(models_dir)
+    {
         return Ok(found.clone());
     }
-    let loaded: Arc<dyn ImageClassifier> = Arc::new(moderation::nsfw::NsfwClassifier::load(models_dir)?);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(models_dir.to_path_buf(), loaded.clone());
+    let loaded: Arc<dyn ImageClassifier> =
+        Arc::new(moderation::nsfw::NsfwClassifier::load(models_dir)?);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(models_dir.to_path_buf(), loaded.clone());
     Ok(loaded)
 }

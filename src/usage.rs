@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{KeyId, Store, UsageEvent};
+use crate::store::{KeyId, Store, StoreError, UsageEvent};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -108,7 +108,7 @@ async fn write_loop(
     // Events arriving while a batch is written wait in the queue and form the
     // next batch: under load, batches grow by themselves.
     while receiver.recv_many(&mut batch, settings.batch_size).await > 0 {
-        if !write_with_retry(store.as_ref(), &batch, &give_up).await {
+        if !write_with_retry(store.as_ref(), &batch, &give_up, &settings.spill_dir).await {
             receiver.close();
             while let Ok(event) = receiver.try_recv() {
                 batch.push(event);
@@ -125,11 +125,27 @@ async fn write_with_retry(
     store: &dyn Store,
     batch: &[UsageEvent],
     give_up: &CancellationToken,
+    spill_dir: &Path,
 ) -> bool {
     let mut backoff = Duration::from_millis(50);
     loop {
         match store.insert_usage(batch).await {
             Ok(()) => return true,
+            // A constraint refuses some event (it names a key that is not
+            // there): retrying the batch would never succeed, so write the
+            // events one by one and keep the refused ones on disk.
+            Err(StoreError::Conflict(reason)) => {
+                tracing::error!(%reason, events = batch.len(), "usage batch refused by a constraint; writing its events one by one");
+                let mut refused = Vec::new();
+                for event in batch {
+                    if let Err(error) = store.insert_usage(std::slice::from_ref(event)).await {
+                        tracing::error!(%error, request_id = %event.request_id, "usage event refused");
+                        refused.push(event.clone());
+                    }
+                }
+                spill(spill_dir, &refused);
+                return true;
+            }
             Err(error) => {
                 tracing::warn!(%error, events = batch.len(), "usage batch not written; retrying");
                 tokio::select! {

@@ -73,7 +73,10 @@ fn probabilities_agree_with_nsfwjs() {
             );
         }
     }
-    eprintln!("largest difference from nsfwjs over {} images: {max_diff:e}", images.len());
+    eprintln!(
+        "largest difference from nsfwjs over {} images: {max_diff:e}",
+        images.len()
+    );
     assert!(
         resized_checked,
         "the fixtures should include an image that needs resizing"

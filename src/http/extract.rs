@@ -29,6 +29,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             .get::<BodyLimit>()
             .map_or(usize::MAX, |l| l.0);
         let bytes = read_body(request.into_body(), limit).await?;
+        // serde would read a struct from an array too; the API takes objects only.
+        if let Some(first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            if *first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() {
+                return Err(ApiError::InvalidRequest(
+                    "the request body must be a JSON object".into(),
+                ));
+            }
+        }
         parse_json(&bytes).map(JsonBody)
     }
 }
@@ -55,7 +63,9 @@ const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit))
         .await
-        .map_err(|_| ApiError::InvalidRequest("the request body did not arrive within 30 seconds".into()))?;
+        .map_err(|_| {
+            ApiError::InvalidRequest("the request body did not arrive within 30 seconds".into())
+        })?;
     read.map_err(|error| {
         let too_large = std::error::Error::source(&error)
             .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
@@ -83,6 +93,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             _ if path == "." || path.is_empty() => {
                 format!("the request body is not a valid request: {inner}")
             }
+            // Item parsers continue the path themselves (`.text: ...`).
+            _ if inner.to_string().starts_with(['.', ':']) => format!("{path}{inner}"),
             _ => format!("{path}: {inner}"),
         };
         ApiError::InvalidRequest(message)

@@ -24,11 +24,71 @@ pub struct ModerateRequest {
     analyze_images: bool,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+/// One input item, parsed by hand from JSON so that every error names the
+/// exact field (`input[3].text`), which serde's tagged enums cannot.
+#[derive(Debug)]
 enum InputItem {
     Text { text: String },
     Image { base64: String },
+}
+
+impl<'de> Deserialize<'de> for InputItem {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)
+            .map_err(|_| D::Error::custom(": each item must be an object with a \"type\" field"))?;
+        parse_item(value).map_err(D::Error::custom)
+    }
+}
+
+/// `Err` carries a message that continues the item's path: `.text: expected
+/// a string`, or `: missing field ...`.
+fn parse_item(mut item: serde_json::Map<String, serde_json::Value>) -> Result<InputItem, String> {
+    let kind = match item.remove("type") {
+        Some(serde_json::Value::String(kind)) => kind,
+        Some(_) => return Err(".type: must be the string \"text\" or \"image\"".into()),
+        None => return Err(": missing field `type` (\"text\" or \"image\")".into()),
+    };
+    let field = match kind.as_str() {
+        "text" => "text",
+        "image" => "base64",
+        other => {
+            return Err(format!(
+                ".type: unknown item type {other:?}; expected \"text\" or \"image\""
+            ))
+        }
+    };
+    if let Some(unknown) = item.keys().find(|k| k.as_str() != field) {
+        return Err(format!(
+            ".{unknown}: unknown field for a {kind} item (expected `type` and `{field}`)"
+        ));
+    }
+    let value = match item.remove(field) {
+        Some(serde_json::Value::String(value)) => value,
+        Some(other) => {
+            return Err(format!(
+                ".{field}: expected a string, found {}",
+                json_type(&other)
+            ))
+        }
+        None => return Err(format!(": missing field `{field}` for a {kind} item")),
+    };
+    Ok(if kind == "text" {
+        InputItem::Text { text: value }
+    } else {
+        InputItem::Image { base64: value }
+    })
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 #[derive(Debug, Serialize)]

@@ -15,9 +15,14 @@ pub(super) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 pub(super) fn map_sqlx(err: sqlx::Error) -> StoreError {
     use sqlx::Error as E;
     match err {
-        E::PoolTimedOut | E::PoolClosed | E::Io(_) | E::Tls(_) | E::WorkerCrashed => {
-            StoreError::Unavailable(err.to_string())
-        }
+        // A protocol error is a connection cut or garbled on the way (a
+        // proxy in front of a dead server accepts, then hangs up): transient.
+        E::PoolTimedOut
+        | E::PoolClosed
+        | E::Io(_)
+        | E::Tls(_)
+        | E::WorkerCrashed
+        | E::Protocol(_) => StoreError::Unavailable(err.to_string()),
         E::Database(db) => map_database_error(db.as_ref()),
         other => StoreError::Other(other.to_string()),
     }

@@ -167,7 +167,7 @@ async fn request_errors_name_what_to_fix(backend: Backend) {
             json!({"input": [{"type": "text", "text": "a"}], "analyse_images": true}),
             "analyse_images",
         ),
-        (json!([1, 2]), "request"),
+        (json!([1, 2]), "JSON object"),
     ];
     for (request, names) in cases {
         let (status, _, body) = parts(app.moderate(&key, &request).await).await;

@@ -107,7 +107,22 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -
     spawn_with_config(db, dir, config).await
 }
 
+/// Logs at `MODERATO_LOG` (default warn) through the test harness, so a
+/// failing test shows what the service said.
+fn init_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("MODERATO_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
 pub async fn spawn_with_config(db: TestDb, dir: Arc<tempfile::TempDir>, config: Config) -> TestApp {
+    init_logs();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod api;
+mod images;
 mod keys;
 mod limits;
 mod signatures;
