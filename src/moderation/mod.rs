@@ -4,7 +4,10 @@
 pub mod category;
 pub mod classifier;
 pub mod image;
+pub mod lexical;
+pub mod normalize;
 pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
+pub use lexical::LexicalClassifier;
