@@ -79,7 +79,7 @@ MAP = {
     "nutsack": [(S, 0.5)], "orgasm": [(S, 0.7)], "palm jockey": [(S, 0.5)],
     "pecker": [(S, 0.5)], "penis": [(S, 0.45)], "pole licker": [(S, 0.7)],
     "pole sucker": [(S, 0.7)], "pull the pud": [(S, 0.6)], "punani": [(S, 0.75)],
-    "punta": [(S, 0.5)], "pussy": [(S, 0.55), (H, 0.4)], "reacharound": [(S, 0.7)],
+    "punta": [(S, 0.5)], "pussy": [(S, 0.45), (H, 0.45)], "reacharound": [(S, 0.7)],
     "rim job": [(S, 0.8)], "sadomasochism": [(S, 0.5)], "salad tosser": [(S, 0.6)],
     "tossing salad": [(S, 0.7)], "schlong": [(S, 0.65)], "shlong": [(S, 0.65)],
     "snatch": [(S, 0.3)], "spank": [(S, 0.4)], "sperm": [(S, 0.3)], "spunk": [(S, 0.4)],

@@ -5,6 +5,7 @@
 //! only avoids the classic substring and idiom false positives.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::category::{Category, CategoryScores, Thresholds};
 use super::classifier::TextClassifier;
@@ -101,17 +102,86 @@ pub struct LexicalMatch {
     pub tokens: (usize, usize),
 }
 
+/// A fast non-cryptographic hasher (the FxHash mix). Safe here although it
+/// is not collision-resistant: client text only ever *looks up* keys, and
+/// the stored keys are our own lists, so crafted input cannot build long
+/// collision chains.
+#[derive(Default, Clone, Copy)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+type FastSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
+
 /// Token-level phrase matcher: a trie over token ids, so a text costs one
 /// hash lookup per token plus a walk only where a phrase could start.
 pub struct LexicalClassifier {
-    vocab: HashMap<String, u32>,
+    vocab: FastMap<String, u32>,
     /// (node, token id) → child node; node 0 is the root.
-    edges: HashMap<(u32, u32), u32>,
+    edges: FastMap<(u32, u32), u32>,
     /// Entries ending at each node.
     ends: Vec<Vec<u32>>,
     entries: Vec<Entry>,
     /// Real words never read as elongations (`assess` is not `asses`).
-    not_elongated: HashSet<String>,
+    not_elongated: FastSet<String>,
+    /// While building: (signal, normalised term) → entry, so that spellings
+    /// that normalise alike (`retarded`, `r3t@rded`) are one piece of evidence.
+    by_form: HashMap<(SignalKey, String), u32>,
+}
+
+/// [`Signal`] as a hashable key.
+type SignalKey = (u8, usize);
+
+fn signal_key(signal: Signal) -> SignalKey {
+    match signal {
+        Signal::Category(c) => (0, c.index()),
+        Signal::Minor => (1, 0),
+        Signal::Allow => (2, 0),
+    }
 }
 
 impl Default for LexicalClassifier {
@@ -125,8 +195,8 @@ impl LexicalClassifier {
     /// build once and share).
     pub fn new() -> LexicalClassifier {
         let mut lc = LexicalClassifier {
-            vocab: HashMap::new(),
-            edges: HashMap::new(),
+            vocab: FastMap::default(),
+            edges: FastMap::default(),
             ends: vec![Vec::new()],
             entries: Vec::new(),
             not_elongated: NOT_ELONGATED_LIST
@@ -134,12 +204,14 @@ impl LexicalClassifier {
                 .filter_map(parse_line)
                 .map(|(word, _)| normalize(word))
                 .collect(),
+            by_form: HashMap::new(),
         };
         for (category, text) in CATEGORY_LISTS {
             lc.add_list(text, Signal::Category(category));
         }
         lc.add_list(MINORS_LIST, Signal::Minor);
         lc.add_list(ALLOW_LIST, Signal::Allow);
+        lc.by_form = HashMap::new();
         lc
     }
 
@@ -191,10 +263,7 @@ impl LexicalClassifier {
     pub fn minor_signal(&self, normalized: &str) -> f32 {
         let toks: Vec<&str> = tokens(normalized).collect();
         let hits = self.find(&toks);
-        let words = combine(hits.iter().filter_map(|h| {
-            let e = &self.entries[h.entry as usize];
-            (e.signal == Signal::Minor).then_some(e.weight)
-        }));
+        let words = minor_words_score(&self.entries, &hits);
         words.max(age_minor_signal(&toks))
     }
 
@@ -229,13 +298,25 @@ impl LexicalClassifier {
     }
 
     fn add_term(&mut self, term: &str, weight: f32, signal: Signal) {
+        let forms = term_forms(term);
+        let key = (signal_key(signal), forms[0].clone());
+        if let Some(&existing) = self.by_form.get(&key) {
+            let e = &mut self.entries[existing as usize];
+            e.weight = e.weight.max(weight);
+            // Explanations read better with `bitch` than with `b17ch`.
+            if term == forms[0] {
+                e.term = term.to_string();
+            }
+            return;
+        }
         let entry = self.entries.len() as u32;
+        self.by_form.insert(key, entry);
         self.entries.push(Entry {
             signal,
             weight,
             term: term.to_string(),
         });
-        for form in term_forms(term) {
+        for form in forms {
             let toks: Vec<&str> = tokens(&form).collect();
             if toks.is_empty() || toks.len() > MAX_PHRASE_TOKENS || is_unsafe_single(&toks) {
                 continue;
@@ -452,21 +533,49 @@ pub fn compose_sexual_minors(sexual: f32, minor_signal: f32) -> f32 {
     sexual.min(minor_signal).clamp(0.0, 1.0)
 }
 
+/// Score of one signal: overlapping hits (`kill you` inside
+/// `i will kill you`, `have sex` and `sex with`) are one piece of evidence
+/// worth their strongest weight; a term repeated elsewhere adds nothing;
+/// distinct pieces combine by [`combine`].
+fn signal_score(entries: &[Entry], hits: &[Hit], signal: Signal) -> f32 {
+    let mut mine: Vec<(usize, usize, u32)> = hits
+        .iter()
+        .filter(|h| entries[h.entry as usize].signal == signal)
+        .map(|h| (h.start, h.end, h.entry))
+        .collect();
+    mine.sort_unstable();
+    // (end of cluster, strongest entry in it)
+    let mut clusters: Vec<(usize, u32)> = Vec::new();
+    for (start, end, entry) in mine {
+        match clusters.last_mut() {
+            Some((cluster_end, best)) if start < *cluster_end => {
+                *cluster_end = (*cluster_end).max(end);
+                if entries[entry as usize].weight > entries[*best as usize].weight {
+                    *best = entry;
+                }
+            }
+            _ => clusters.push((end, entry)),
+        }
+    }
+    let mut best: Vec<u32> = clusters.into_iter().map(|(_, e)| e).collect();
+    best.sort_unstable();
+    best.dedup();
+    combine(best.into_iter().map(|e| entries[e as usize].weight))
+}
+
+/// The minor signal is the strongest single piece of it: several weak words
+/// (`boy or girl`) must not add up to a child.
+fn minor_words_score(entries: &[Entry], hits: &[Hit]) -> f32 {
+    hits.iter()
+        .map(|h| &entries[h.entry as usize])
+        .filter(|e| e.signal == Signal::Minor)
+        .map(|e| e.weight)
+        .fold(0.0, f32::max)
+}
+
 fn scores_from_hits(entries: &[Entry], hits: &[Hit], age_signal: f32) -> CategoryScores {
-    let mut distinct: Vec<u32> = hits.iter().map(|h| h.entry).collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let weight_of = |signal: Signal| {
-        combine(
-            distinct
-                .iter()
-                .map(|&e| &entries[e as usize])
-                .filter(|e| e.signal == signal)
-                .map(|e| e.weight),
-        )
-    };
-    let raw = |c: Category| weight_of(Signal::Category(c));
-    let minor = weight_of(Signal::Minor).max(age_signal);
+    let raw = |c: Category| signal_score(entries, hits, Signal::Category(c));
+    let minor = minor_words_score(entries, hits).max(age_signal);
 
     let threat = raw(Category::HarassmentThreatening);
     let hate = raw(Category::Hate).max(raw(Category::HateThreatening));
@@ -859,6 +968,67 @@ mod tests {
     }
 
     #[test]
+    fn overlapping_matches_count_once_at_their_strongest() {
+        let s = synthetic_spans(&[(0, 4, 0.9), (2, 4, 0.6)]);
+        assert!((s - 0.9).abs() < 1e-6, "{s}");
+        let s = synthetic_spans(&[(0, 2, 0.5), (1, 3, 0.5)]);
+        assert!((s - 0.5).abs() < 1e-6, "{s}");
+        let s = synthetic_spans(&[(0, 2, 0.5), (2, 4, 0.5)]);
+        assert!((s - 0.75).abs() < 1e-6, "{s}");
+        // Real lists: the threat phrase and the `kill you` inside it.
+        let t = score("i will kill you").get(Category::HarassmentThreatening);
+        let phrase = lc()
+            .entries
+            .iter()
+            .find(|e| e.term == "i will kill you")
+            .map(|e| e.weight);
+        assert_eq!(Some(t), phrase);
+    }
+
+    fn synthetic_spans(spans: &[(usize, usize, f32)]) -> f32 {
+        let entries: Vec<Entry> = spans
+            .iter()
+            .map(|&(_, _, weight)| Entry {
+                signal: Signal::Category(Category::Violence),
+                weight,
+                term: String::new(),
+            })
+            .collect();
+        let hits: Vec<Hit> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, end, _))| Hit {
+                start,
+                end,
+                entry: i as u32,
+            })
+            .collect();
+        signal_score(&entries, &hits, Signal::Category(Category::Violence))
+    }
+
+    #[test]
+    fn spellings_that_normalise_alike_are_one_entry() {
+        let n = lc()
+            .entries
+            .iter()
+            .filter(|e| {
+                e.signal == Signal::Category(Category::Harassment)
+                    && normalize(&e.term) == "retarded"
+            })
+            .count();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn weak_minor_words_do_not_add_up() {
+        let lc = lc();
+        let one = lc.minor_signal(&normalize("boy"));
+        let both = lc.minor_signal(&normalize("boy or girl"));
+        assert!(one > 0.0);
+        assert_eq!(both, one.max(lc.minor_signal(&normalize("girl"))));
+    }
+
+    #[test]
     fn dehumanising_phrases_are_hate() {
         assert_flags("they are subhuman", Category::Hate);
         assert_clean("the film is about human rights");
@@ -880,7 +1050,8 @@ mod tests {
             }
         }
         assert_eq!(out[0], CategoryScores::default());
-        // Repeating a term adds nothing: distinct matches only.
+        // Repeating a term adds nothing: distinct matches only; spellings
+        // that normalise alike are one entry.
         assert_eq!(
             out[3].get(Category::Violence),
             score("kill").get(Category::Violence)
