@@ -384,6 +384,11 @@ impl Rewriter<'_> {
     }
 
     fn word(&mut self, word: &str) {
+        if word.bytes().all(|b| b.is_ascii_lowercase()) && !has_long_run(word.as_bytes()) {
+            // The common case: a plain word with nothing to undo.
+            self.out.push_str(word);
+            return;
+        }
         self.scratch.clear();
         self.scratch.extend(word.chars());
         map_homoglyphs(&mut self.scratch);
@@ -410,6 +415,10 @@ fn run_sep_end(text: &str, sep: usize) -> usize {
 fn is_single_char(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some() && chars.next().is_none()
+}
+
+fn has_long_run(bytes: &[u8]) -> bool {
+    bytes.windows(3).any(|w| w[0] == w[1] && w[1] == w[2])
 }
 
 fn push_collapsed(out: &mut String, chars: &[char], collapse: bool) {
