@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::category::{Category, CategoryScores, Thresholds};
+use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 use super::classifier::TextClassifier;
 use super::normalize::{self, normalize, tokens};
 
@@ -533,34 +533,46 @@ pub fn compose_sexual_minors(sexual: f32, minor_signal: f32) -> f32 {
     sexual.min(minor_signal).clamp(0.0, 1.0)
 }
 
-/// Score of one signal: overlapping hits (`kill you` inside
-/// `i will kill you`, `have sex` and `sex with`) are one piece of evidence
-/// worth their strongest weight; a term repeated elsewhere adds nothing;
-/// distinct pieces combine by [`combine`].
-fn signal_score(entries: &[Entry], hits: &[Hit], signal: Signal) -> f32 {
-    let mut mine: Vec<(usize, usize, u32)> = hits
+/// Raw score of every category from its own list, in one pass over the
+/// hits: overlapping hits of a category (`kill you` inside `i will kill you`,
+/// `have sex` and `sex with`) are one piece of evidence worth their strongest
+/// weight; a term repeated elsewhere adds nothing; distinct pieces combine
+/// by [`combine`].
+fn raw_category_scores(entries: &[Entry], hits: &[Hit]) -> [f32; NUM_CATEGORIES] {
+    // (category, start, end, entry), sorted so each category's hits are
+    // contiguous and in text order.
+    let mut mine: Vec<(usize, usize, usize, u32)> = hits
         .iter()
-        .filter(|h| entries[h.entry as usize].signal == signal)
-        .map(|h| (h.start, h.end, h.entry))
+        .filter_map(|h| match entries[h.entry as usize].signal {
+            Signal::Category(c) => Some((c.index(), h.start, h.end, h.entry)),
+            _ => None,
+        })
         .collect();
     mine.sort_unstable();
-    // (end of cluster, strongest entry in it)
-    let mut clusters: Vec<(usize, u32)> = Vec::new();
-    for (start, end, entry) in mine {
-        match clusters.last_mut() {
-            Some((cluster_end, best)) if start < *cluster_end => {
-                *cluster_end = (*cluster_end).max(end);
-                if entries[entry as usize].weight > entries[*best as usize].weight {
-                    *best = entry;
+    let mut out = [0.0; NUM_CATEGORIES];
+    let mut best: Vec<u32> = Vec::new();
+    for group in mine.chunk_by(|a, b| a.0 == b.0) {
+        best.clear();
+        let mut cluster_end = 0;
+        for &(_, start, end, entry) in group {
+            match best.last_mut() {
+                Some(top) if start < cluster_end => {
+                    cluster_end = cluster_end.max(end);
+                    if entries[entry as usize].weight > entries[*top as usize].weight {
+                        *top = entry;
+                    }
+                }
+                _ => {
+                    cluster_end = end;
+                    best.push(entry);
                 }
             }
-            _ => clusters.push((end, entry)),
         }
+        best.sort_unstable();
+        best.dedup();
+        out[group[0].0] = combine(best.iter().map(|&e| entries[e as usize].weight));
     }
-    let mut best: Vec<u32> = clusters.into_iter().map(|(_, e)| e).collect();
-    best.sort_unstable();
-    best.dedup();
-    combine(best.into_iter().map(|e| entries[e as usize].weight))
+    out
 }
 
 /// The minor signal is the strongest single piece of it: several weak words
@@ -574,7 +586,8 @@ fn minor_words_score(entries: &[Entry], hits: &[Hit]) -> f32 {
 }
 
 fn scores_from_hits(entries: &[Entry], hits: &[Hit], age_signal: f32) -> CategoryScores {
-    let raw = |c: Category| signal_score(entries, hits, Signal::Category(c));
+    let raw_scores = raw_category_scores(entries, hits);
+    let raw = |c: Category| raw_scores[c.index()];
     let minor = minor_words_score(entries, hits).max(age_signal);
 
     let threat = raw(Category::HarassmentThreatening);
@@ -792,6 +805,9 @@ mod tests {
             Category::SelfHarmIntent,
         );
         assert_flags("#killyourself", Category::Harassment);
+        // Chat spellings.
+        assert_flags("ur dead", Category::HarassmentThreatening);
+        assert_flags("imma kill u", Category::HarassmentThreatening);
     }
 
     #[test]
@@ -842,6 +858,8 @@ mod tests {
             "Muslims, Jews and Christians met for the interfaith dinner.",
             "Suicide rates fell last year, the report says.",
             "Please remember to save your work before 5pm.",
+            "We drove 10 kms to see David Lynch's new film.",
+            "I need to assess the soon-to-be-released feed.",
         ] {
             assert_clean(text);
         }
@@ -1003,7 +1021,7 @@ mod tests {
                 entry: i as u32,
             })
             .collect();
-        signal_score(&entries, &hits, Signal::Category(Category::Violence))
+        raw_category_scores(&entries, &hits)[Category::Violence.index()]
     }
 
     #[test]
