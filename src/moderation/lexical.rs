@@ -439,15 +439,31 @@ impl LexicalClassifier {
         self.apply_allow(hits)
     }
 
+    /// Drops hits lying inside an allow phrase. Linear: hits and allow spans
+    /// both come in order of their start, so one sweep keeps the furthest end
+    /// of the allow spans started so far (a text made of nothing but allow
+    /// phrases must not cost hits × spans).
     fn apply_allow(&self, hits: Vec<Hit>) -> Vec<Hit> {
+        let is_allow = |h: &Hit| self.entries[h.entry as usize].signal == Signal::Allow;
         let allowed: Vec<(usize, usize)> = hits
             .iter()
-            .filter(|h| self.entries[h.entry as usize].signal == Signal::Allow)
+            .filter(|h| is_allow(h))
             .map(|h| (h.start, h.end))
             .collect();
+        let mut next_span = 0;
+        let mut covered_until = 0;
         hits.into_iter()
-            .filter(|h| self.entries[h.entry as usize].signal != Signal::Allow)
-            .filter(|h| !allowed.iter().any(|&(s, e)| s <= h.start && h.end <= e))
+            .filter(|h| !is_allow(h))
+            .filter(|h| {
+                while let Some(&(start, end)) = allowed.get(next_span) {
+                    if start > h.start {
+                        break;
+                    }
+                    covered_until = covered_until.max(end);
+                    next_span += 1;
+                }
+                h.end > covered_until
+            })
             .collect()
     }
 }
@@ -1084,6 +1100,10 @@ mod tests {
         let out = TextClassifier::score_batch(lc(), &[&text]).unwrap();
         assert_eq!(out.len(), 1);
         assert!(out[0].get(Category::HarassmentThreatening) >= 0.55);
+        // Nothing but allow phrases: must stay linear, and stay clean.
+        let allowed = "kill the process ".repeat(70_000);
+        let out = TextClassifier::score_batch(lc(), &[&allowed]).unwrap();
+        assert_eq!(out[0], CategoryScores::default());
         let spam = "k i l l ".repeat(150_000);
         assert_eq!(
             TextClassifier::score_batch(lc(), &[&spam]).unwrap().len(),
