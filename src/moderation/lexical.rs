@@ -86,14 +86,14 @@ enum Signal {
 struct Entry {
     signal: Signal,
     weight: f32,
-    /// The line as written, for explanations.
+    /// The term, normalised, for explanations.
     term: String,
 }
 
 /// One lexicon hit in a text.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LexicalMatch {
-    /// The lexicon line that matched, as written in the list.
+    /// The lexicon term that matched, normalised.
     pub term: String,
     /// `None` for the minor signal (not a category of its own).
     pub category: Option<Category>,
@@ -303,10 +303,6 @@ impl LexicalClassifier {
         if let Some(&existing) = self.by_form.get(&key) {
             let e = &mut self.entries[existing as usize];
             e.weight = e.weight.max(weight);
-            // Explanations read better with `bitch` than with `b17ch`.
-            if term == forms[0] {
-                e.term = term.to_string();
-            }
             return;
         }
         let entry = self.entries.len() as u32;
