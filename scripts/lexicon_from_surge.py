@@ -111,7 +111,10 @@ DROP_VARIANTS = {
     "bastinado", "wet back", "s&m", "bj", "pussy cat", "4skin", "tart", "dong",
     "double-dong", "nut butter", "sheister", "dumbarrassed", "b to the inch", "zip in the wire",
     "peener", "bizzach", "fackuhs", "nicka", "nickas", "pedobear", "pedobears",
+    "nuggets", "forked",
 }
+# Rows whose extra canonical forms are mistakes (`bastard` is not `retard`).
+CANON_OVERRIDE = {"bastard": ["bastard"]}
 # Characters that only appear in spaced-out or symbol-heavy variants, which
 # the normaliser already reduces to the plain spelling.
 ODD_CHARS = re.compile(r"[+&/*.!_\uff01]")
@@ -126,6 +129,7 @@ def main(path):
     for row in rows:
         canon = [row[k] for k in ("canonical_form_1", "canonical_form_2", "canonical_form_3") if row[k]]
         term = row["text"].strip().lower()
+        canon = CANON_OVERRIDE.get(term, canon)
         if not term or re.fullmatch(r"[\d\W]+", term) or term in DROP_VARIANTS or ODD_CHARS.search(term):
             continue
         # A variant of several canonical forms (`assfucker`) takes every mapping.

@@ -871,6 +871,7 @@ mod tests {
             "Suicide rates fell last year, the report says.",
             "Please remember to save your work before 5pm.",
             "We drove 10 kms to see David Lynch's new film.",
+            "I forked the repo and ate chicken nuggets.",
             "I need to assess the soon-to-be-released feed.",
         ] {
             assert_clean(text);
