@@ -67,6 +67,18 @@ const CATEGORY_LISTS: [(Category, &str); 10] = [
         include_str!("../../assets/lexicon/violence_graphic.txt"),
     ),
 ];
+/// Phrases that count only when a group of people is mentioned.
+const GROUP_DIRECTED_LISTS: [(Category, &str); 2] = [
+    (
+        Category::Hate,
+        include_str!("../../assets/lexicon/hate_group.txt"),
+    ),
+    (
+        Category::HateThreatening,
+        include_str!("../../assets/lexicon/hate_threatening_group.txt"),
+    ),
+];
+const GROUPS_LIST: &str = include_str!("../../assets/lexicon/groups.txt");
 const MINORS_LIST: &str = include_str!("../../assets/lexicon/minors.txt");
 const ALLOW_LIST: &str = include_str!("../../assets/lexicon/allow.txt");
 const NOT_ELONGATED_LIST: &str = include_str!("../../assets/lexicon/not_elongated.txt");
@@ -78,6 +90,11 @@ const DEFAULT_WEIGHT: f32 = 0.5;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Signal {
     Category(Category),
+    /// Counts towards the category only when a group is mentioned too
+    /// (`should be exterminated` is about termites until it is about people).
+    GroupDirected(Category),
+    /// A mention of a group of people (protected characteristic).
+    Group,
     Minor,
     Allow,
 }
@@ -179,8 +196,10 @@ type SignalKey = (u8, usize);
 fn signal_key(signal: Signal) -> SignalKey {
     match signal {
         Signal::Category(c) => (0, c.index()),
-        Signal::Minor => (1, 0),
-        Signal::Allow => (2, 0),
+        Signal::GroupDirected(c) => (1, c.index()),
+        Signal::Group => (2, 0),
+        Signal::Minor => (3, 0),
+        Signal::Allow => (4, 0),
     }
 }
 
@@ -209,6 +228,10 @@ impl LexicalClassifier {
         for (category, text) in CATEGORY_LISTS {
             lc.add_list(text, Signal::Category(category));
         }
+        for (category, text) in GROUP_DIRECTED_LISTS {
+            lc.add_list(text, Signal::GroupDirected(category));
+        }
+        lc.add_list(GROUPS_LIST, Signal::Group);
         lc.add_list(MINORS_LIST, Signal::Minor);
         lc.add_list(ALLOW_LIST, Signal::Allow);
         lc.by_form = HashMap::new();
@@ -550,14 +573,18 @@ pub fn compose_sexual_minors(sexual: f32, minor_signal: f32) -> f32 {
 /// `have sex` and `sex with`) are one piece of evidence worth their strongest
 /// weight; a term repeated elsewhere adds nothing; distinct pieces combine
 /// by [`combine`].
-fn raw_category_scores(entries: &[Entry], hits: &[Hit]) -> [f32; NUM_CATEGORIES] {
+fn raw_category_scores(
+    entries: &[Entry],
+    hits: &[Hit],
+    category_of: impl Fn(Signal) -> Option<Category>,
+) -> [f32; NUM_CATEGORIES] {
     // (category, start, end, entry), sorted so each category's hits are
     // contiguous and in text order.
     let mut mine: Vec<(usize, usize, usize, u32)> = hits
         .iter()
-        .filter_map(|h| match entries[h.entry as usize].signal {
-            Signal::Category(c) => Some((c.index(), h.start, h.end, h.entry)),
-            _ => None,
+        .filter_map(|h| {
+            let c = category_of(entries[h.entry as usize].signal)?;
+            Some((c.index(), h.start, h.end, h.entry))
         })
         .collect();
     mine.sort_unstable();
@@ -587,19 +614,31 @@ fn raw_category_scores(entries: &[Entry], hits: &[Hit]) -> [f32; NUM_CATEGORIES]
     out
 }
 
-/// The minor signal is the strongest single piece of it: several weak words
-/// (`boy or girl`) must not add up to a child.
-fn minor_words_score(entries: &[Entry], hits: &[Hit]) -> f32 {
+/// The strongest single hit of a signal. Used for the minor and group
+/// signals: several weak words (`boy or girl`) must not add up to a child.
+fn strongest(entries: &[Entry], hits: &[Hit], signal: Signal) -> f32 {
     hits.iter()
         .map(|h| &entries[h.entry as usize])
-        .filter(|e| e.signal == Signal::Minor)
+        .filter(|e| e.signal == signal)
         .map(|e| e.weight)
         .fold(0.0, f32::max)
 }
 
+fn minor_words_score(entries: &[Entry], hits: &[Hit]) -> f32 {
+    strongest(entries, hits, Signal::Minor)
+}
+
 fn scores_from_hits(entries: &[Entry], hits: &[Hit], age_signal: f32) -> CategoryScores {
-    let raw_scores = raw_category_scores(entries, hits);
-    let raw = |c: Category| raw_scores[c.index()];
+    let own = raw_category_scores(entries, hits, |s| match s {
+        Signal::Category(c) => Some(c),
+        _ => None,
+    });
+    let directed = raw_category_scores(entries, hits, |s| match s {
+        Signal::GroupDirected(c) => Some(c),
+        _ => None,
+    });
+    let group = strongest(entries, hits, Signal::Group);
+    let raw = |c: Category| own[c.index()].max(directed[c.index()].min(group));
     let minor = minor_words_score(entries, hits).max(age_signal);
 
     let threat = raw(Category::HarassmentThreatening);
@@ -755,11 +794,15 @@ mod tests {
             let n = lc
                 .entries
                 .iter()
-                .filter(|e| e.signal == Signal::Category(category))
+                .filter(|e| {
+                    e.signal == Signal::Category(category)
+                        || e.signal == Signal::GroupDirected(category)
+                })
                 .count();
             assert!(n >= 15, "{category} has only {n} terms");
         }
         assert!(lc.entries.iter().any(|e| e.signal == Signal::Minor));
+        assert!(lc.entries.iter().any(|e| e.signal == Signal::Group));
         assert!(lc.entries.iter().any(|e| e.signal == Signal::Allow));
         for e in &lc.entries {
             assert!((0.0..=1.0).contains(&e.weight), "{e:?}");
@@ -1034,7 +1077,10 @@ mod tests {
                 entry: i as u32,
             })
             .collect();
-        raw_category_scores(&entries, &hits)[Category::Violence.index()]
+        raw_category_scores(&entries, &hits, |s| match s {
+            Signal::Category(c) => Some(c),
+            _ => None,
+        })[Category::Violence.index()]
     }
 
     #[test]
@@ -1057,6 +1103,28 @@ mod tests {
         let both = lc.minor_signal(&normalize("boy or girl"));
         assert!(one > 0.0);
         assert_eq!(both, one.max(lc.minor_signal(&normalize("girl"))));
+    }
+
+    #[test]
+    fn group_directed_phrases_need_a_group() {
+        assert_clean("termites should be exterminated");
+        assert_clean("rats are vermin and spread disease");
+        assert_flags(
+            "all the immigrants should be exterminated",
+            Category::HateThreatening,
+        );
+        assert_flags("all the immigrants should be exterminated", Category::Hate);
+        assert_flags("immigrants are vermin", Category::Hate);
+        // A group mentioned without a directed phrase is not hate.
+        assert_clean("immigrants opened three new shops on our street");
+        // Synthetic: the composition is the weaker of group and phrase.
+        let s = synthetic(&[
+            (Signal::GroupDirected(Category::HateThreatening), 0.9),
+            (Signal::Group, 0.7),
+        ]);
+        assert!((s.get(Category::HateThreatening) - 0.7).abs() < 1e-6);
+        let s = synthetic(&[(Signal::GroupDirected(Category::HateThreatening), 0.9)]);
+        assert_eq!(s.get(Category::HateThreatening), 0.0);
     }
 
     #[test]
