@@ -28,7 +28,7 @@ fn main() -> io::Result<()> {
             .explain(&normalized)
             .into_iter()
             .map(|m| {
-                let cat = m.category.map_or("minor", Category::as_str);
+                let cat = m.category.map_or(m.kind, Category::as_str);
                 format!("{}={}:{}", cat, m.term, m.weight)
             })
             .collect();

@@ -112,8 +112,12 @@ struct Entry {
 pub struct LexicalMatch {
     /// The lexicon term that matched, normalised.
     pub term: String,
-    /// `None` for the minor signal (not a category of its own).
+    /// The category the term counts towards; `None` for the group and minor
+    /// signals, which are not categories of their own.
     pub category: Option<Category>,
+    /// `category`, `group-directed` (counts only with a group mention),
+    /// `group` or `minor`.
+    pub kind: &'static str,
     pub weight: f32,
     /// Token positions `[start, end)` in `normalize::tokens(normalized)`.
     pub tokens: (usize, usize),
@@ -300,8 +304,14 @@ impl LexicalClassifier {
                 LexicalMatch {
                     term: e.term.clone(),
                     category: match e.signal {
-                        Signal::Category(c) => Some(c),
+                        Signal::Category(c) | Signal::GroupDirected(c) => Some(c),
                         _ => None,
+                    },
+                    kind: match e.signal {
+                        Signal::Category(_) => "category",
+                        Signal::GroupDirected(_) => "group-directed",
+                        Signal::Group => "group",
+                        Signal::Minor | Signal::Allow => "minor",
                     },
                     weight: e.weight,
                     tokens: (h.start, h.end),
