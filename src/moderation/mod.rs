@@ -3,11 +3,14 @@
 
 pub mod category;
 pub mod classifier;
+pub mod engine;
 pub mod image;
+pub mod lexical;
+pub mod normalize;
 pub mod nsfw;
+pub mod null;
 pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
-pub mod engine;
-pub mod null;
+pub use lexical::LexicalClassifier;

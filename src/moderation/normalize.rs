@@ -1,0 +1,803 @@
+//! Canonical text form shared by the lexical classifier and the embedding
+//! model: undoes the cheap tricks people use to slip words past a filter
+//! (look-alike letters, invisible characters, accents, `k i l l`, `k1ll`,
+//! `kiiiill`) while leaving ordinary text unchanged apart from case.
+//!
+//! The pipeline is two linear passes:
+//! 1. per character: NFKD, lower case, drop invisible characters and
+//!    diacritics, recompose (NFC) — together this is NFKC minus accents;
+//! 2. per word: rejoin letters spelt with separators, map homoglyphs, map
+//!    digit/symbol swaps, collapse elongated letters.
+
+use unicode_normalization::UnicodeNormalization;
+
+/// Inputs longer than this are cut (at a character boundary) before
+/// normalisation, which bounds time and memory per text. The HTTP layer's
+/// body limit is far below this; the cap is a second line of defence.
+pub const MAX_INPUT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Fewer single characters than this, e.g. `e.g.` or `u s`, are left alone:
+/// rejoining them would damage abbreviations more often than it catches words.
+const MIN_SPELT_OUT_LEN: usize = 3;
+
+/// How [`normalize_with`] treats runs of a repeated letter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeats {
+    /// Runs of three or more become two (`kiiiill` → `kiill`).
+    CollapseToTwo,
+    /// Runs are kept as written.
+    Keep,
+}
+
+/// Options for [`normalize_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub repeats: Repeats,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            repeats: Repeats::CollapseToTwo,
+        }
+    }
+}
+
+/// The canonical form used for matching and as model input.
+pub fn normalize(text: &str) -> String {
+    normalize_with(text, Options::default())
+}
+
+/// [`normalize`] without collapsing repeated letters, for callers that want to
+/// know how a word was elongated.
+pub fn normalize_keep_repeats(text: &str) -> String {
+    normalize_with(
+        text,
+        Options {
+            repeats: Repeats::Keep,
+        },
+    )
+}
+
+/// [`normalize`] with explicit options.
+pub fn normalize_with(text: &str, options: Options) -> String {
+    let text = truncate_at_char_boundary(text, MAX_INPUT_BYTES);
+    let folded = fold_characters(text);
+    rewrite_words(&folded, options)
+}
+
+/// The words of a normalised text: maximal runs of letters and digits.
+/// Apostrophes split words (`you're` → `you`, `re`), so term lists must be
+/// tokenised with this same function.
+pub fn tokens(normalized: &str) -> impl Iterator<Item = &str> {
+    normalized
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+}
+
+/// Each token of [`tokens`] with its byte offset in `normalized`.
+pub fn token_spans(normalized: &str) -> impl Iterator<Item = (usize, &str)> {
+    normalized
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(move |t| (t.as_ptr() as usize - normalized.as_ptr() as usize, t))
+}
+
+/// Variants of a token with each doubled letter kept or made single
+/// (`kiill` → `kiill`, `kill`, `kiil`, `kil`), which is how matching "also
+/// tries 1" after [`normalize`] collapsed elongations to two. Only the first
+/// `max_runs` doubled runs vary, bounding the output to `2^max_runs` items.
+/// The token itself always comes first.
+pub fn dedouble_variants(token: &str, max_runs: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    for_each_dedouble_variant(token, max_runs, &mut buf, |v| out.push(v.to_string()));
+    out
+}
+
+/// Longest token [`for_each_dedouble_variant`] varies; longer ones (glued
+/// spam) are passed through as they are.
+pub const MAX_DEDOUBLE_TOKEN_CHARS: usize = 48;
+
+/// [`dedouble_variants`] without allocating per variant: each variant is
+/// built in `buf` and handed to `f`.
+pub fn for_each_dedouble_variant(
+    token: &str,
+    max_runs: usize,
+    buf: &mut String,
+    mut f: impl FnMut(&str),
+) {
+    f(token);
+    if token.len() > MAX_DEDOUBLE_TOKEN_CHARS * 4
+        || token.chars().count() > MAX_DEDOUBLE_TOKEN_CHARS
+    {
+        return;
+    }
+    // Byte offsets of the second letter of each run of exactly two.
+    let mut seconds = [0usize; 8];
+    let cap = max_runs.min(seconds.len());
+    let mut n = 0;
+    let mut run: Option<(char, usize, usize)> = None; // (letter, length, offset of 2nd)
+    let mut close = |run: Option<(char, usize, usize)>, n: &mut usize| {
+        if let Some((c, 2, second)) = run {
+            if c.is_alphabetic() && *n < cap {
+                seconds[*n] = second;
+                *n += 1;
+            }
+        }
+    };
+    for (i, c) in token.char_indices() {
+        run = match run {
+            Some((p, len, second)) if p == c => {
+                Some((p, len + 1, if len == 1 { i } else { second }))
+            }
+            other => {
+                close(other, &mut n);
+                Some((c, 1, 0))
+            }
+        };
+    }
+    close(run, &mut n);
+    let seconds = &seconds[..n];
+    for mask in 1u32..(1u32 << n) {
+        buf.clear();
+        for (i, c) in token.char_indices() {
+            let skip = seconds
+                .iter()
+                .enumerate()
+                .any(|(bit, &s)| s == i && mask & (1 << bit) != 0);
+            if !skip {
+                buf.push(c);
+            }
+        }
+        f(buf);
+    }
+}
+
+fn truncate_at_char_boundary(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+// ---------------------------------------------------------------------------
+// Pass 1: characters.
+
+fn fold_characters(text: &str) -> String {
+    if text.is_ascii() {
+        // Nothing to decompose, no invisibles or accents: the common case.
+        return text.to_ascii_lowercase();
+    }
+    let mut out = String::with_capacity(text.len());
+    out.extend(
+        text.nfkd()
+            .flat_map(char::to_lowercase)
+            .filter(|&c| !is_invisible(c) && !is_diacritic(c))
+            .map(fold_punctuation)
+            .nfc(),
+    );
+    out
+}
+
+/// Characters that render as nothing (or nearly) and are used to split words
+/// invisibly: zero-width space/joiners, soft hyphen, bidi controls, variation
+/// selectors, tag characters, Hangul fillers.
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{206F}'
+        | '\u{3164}' | '\u{FEFF}' | '\u{FFA0}'
+        | '\u{FE00}'..='\u{FE0F}'
+        | '\u{E0000}'..='\u{E007F}'
+        | '\u{E0100}'..='\u{E01EF}')
+}
+
+/// Generic combining diacritics (accents, "Zalgo" stacks). Script-specific
+/// marks (Devanagari vowel signs, Japanese voicing marks) are kept: they are
+/// part of the spelling there, not decoration.
+fn is_diacritic(c: char) -> bool {
+    matches!(c,
+        '\u{0300}'..='\u{036F}'
+        | '\u{1AB0}'..='\u{1AFF}'
+        | '\u{1DC0}'..='\u{1DFF}'
+        | '\u{20D0}'..='\u{20FF}'
+        | '\u{FE20}'..='\u{FE2F}')
+}
+
+/// Typographic apostrophes become ASCII so `you’re` and `you're` agree.
+fn fold_punctuation(c: char) -> char {
+    match c {
+        '\u{2018}' | '\u{2019}' | '\u{02BC}' | '\u{2032}' => '\'',
+        _ => c,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Pass 2: words.
+
+/// Word characters before leet mapping: `$` and `@` stand for letters often
+/// enough (`a$$`, `h@te`) to be part of a word; `!` only between word
+/// characters (`sh!t`), since at the end it is punctuation.
+fn is_word_core(c: char) -> bool {
+    c.is_alphanumeric() || c == '@' || c == '$'
+}
+
+fn is_separator(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '.' | '-' | '_' | '*' | '~' | '|' | '/' | '\\' | '+' | '\u{00B7}'
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SegKind {
+    Word,
+    Gap,
+}
+
+/// Splits into maximal word and gap segments, as byte ranges.
+struct Segments<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Iterator for Segments<'a> {
+    type Item = (SegKind, usize, usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.text.get(self.pos..)?;
+        let mut chars = rest.char_indices().peekable();
+        let (_, first) = chars.next()?;
+        let kind = if is_word_core(first) {
+            SegKind::Word
+        } else {
+            SegKind::Gap
+        };
+        let mut end = rest.len();
+        while let Some((i, c)) = chars.next() {
+            let belongs = match kind {
+                SegKind::Word => {
+                    is_word_core(c)
+                        || (c == '!' && chars.peek().is_some_and(|&(_, n)| is_word_core(n)))
+                }
+                SegKind::Gap => !is_word_core(c),
+            };
+            if !belongs {
+                end = i;
+                break;
+            }
+        }
+        let start = self.pos;
+        self.pos += end;
+        Some((kind, start, self.pos))
+    }
+}
+
+/// A run of single-character words separated by single separators
+/// (`k i l l`, `s.u.i.c.i.d.e`), pending until we know whether it is long
+/// enough to rejoin.
+#[derive(Default)]
+struct SpeltRun {
+    start: usize,
+    end: usize,
+    singles: usize,
+    letters: usize,
+    /// A one-character separator after `end`, not yet emitted.
+    pending_sep: Option<usize>,
+}
+
+impl SpeltRun {
+    fn is_active(&self) -> bool {
+        self.singles > 0
+    }
+}
+
+struct Rewriter<'a> {
+    text: &'a str,
+    options: Options,
+    out: String,
+    scratch: Vec<char>,
+    run: SpeltRun,
+}
+
+fn rewrite_words(text: &str, options: Options) -> String {
+    let mut rw = Rewriter {
+        text,
+        options,
+        out: String::with_capacity(text.len()),
+        scratch: Vec::with_capacity(32),
+        run: SpeltRun::default(),
+    };
+    for (kind, start, end) in (Segments { text, pos: 0 }) {
+        rw.segment(kind, start, end);
+    }
+    rw.flush_run();
+    rw.out
+}
+
+impl Rewriter<'_> {
+    fn segment(&mut self, kind: SegKind, start: usize, end: usize) {
+        let seg = &self.text[start..end];
+        match kind {
+            SegKind::Word if is_single_char(seg) => {
+                if self.run.is_active() && self.run.pending_sep.is_some() {
+                    self.run.end = end;
+                    self.run.pending_sep = None;
+                } else {
+                    self.flush_run();
+                    self.run.start = start;
+                    self.run.end = end;
+                }
+                self.run.singles += 1;
+                self.run.letters += usize::from(seg.chars().any(char::is_alphabetic));
+            }
+            SegKind::Word if is_email_local_part(self.text, start, end) => {
+                self.flush_run();
+                self.out.push_str(seg);
+            }
+            SegKind::Word => {
+                self.flush_run();
+                self.word(seg);
+            }
+            SegKind::Gap => {
+                if self.run.is_active() && is_single_char(seg) && seg.chars().all(is_separator) {
+                    self.run.pending_sep = Some(start);
+                } else {
+                    self.flush_run();
+                    self.out.push_str(seg);
+                }
+            }
+        }
+    }
+
+    fn flush_run(&mut self) {
+        let run = std::mem::take(&mut self.run);
+        if !run.is_active() {
+            return;
+        }
+        let text = self.text;
+        let spelt = &text[run.start..run.end];
+        if run.singles >= MIN_SPELT_OUT_LEN && run.letters >= 2 {
+            let joined: String = spelt.chars().filter(|&c| is_word_core(c)).collect();
+            self.word(&joined);
+        } else {
+            for (i, c) in spelt.char_indices() {
+                if is_word_core(c) {
+                    self.word(&spelt[i..i + c.len_utf8()]);
+                } else {
+                    self.out.push(c);
+                }
+            }
+        }
+        if let Some(sep) = run.pending_sep {
+            self.out.push_str(&text[sep..run_sep_end(text, sep)]);
+        }
+    }
+
+    fn word(&mut self, word: &str) {
+        if word.bytes().all(|b| b.is_ascii_lowercase()) && !has_long_run(word.as_bytes()) {
+            // The common case: a plain word with nothing to undo.
+            self.out.push_str(word);
+            return;
+        }
+        self.scratch.clear();
+        self.scratch.extend(word.chars());
+        map_homoglyphs(&mut self.scratch);
+        map_leet(&mut self.scratch);
+        let collapse = self.options.repeats == Repeats::CollapseToTwo && word != "www";
+        push_collapsed(&mut self.out, &self.scratch, collapse);
+    }
+}
+
+/// `john.doe@example.com` reaches us as the words `john` and
+/// `doe@example`; the `@` there is an address, not a disguised `a`.
+fn is_email_local_part(text: &str, start: usize, end: usize) -> bool {
+    let at_inside = text[start..end]
+        .char_indices()
+        .any(|(i, c)| c == '@' && i > 0);
+    let mut after = text[end..].chars();
+    at_inside && after.next() == Some('.') && after.next().is_some_and(char::is_alphanumeric)
+}
+
+fn run_sep_end(text: &str, sep: usize) -> usize {
+    sep + text[sep..].chars().next().map_or(0, char::len_utf8)
+}
+
+fn is_single_char(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some() && chars.next().is_none()
+}
+
+fn has_long_run(bytes: &[u8]) -> bool {
+    bytes.windows(3).any(|w| w[0] == w[1] && w[1] == w[2])
+}
+
+fn push_collapsed(out: &mut String, chars: &[char], collapse: bool) {
+    let mut prev = None;
+    let mut run = 0usize;
+    for &c in chars {
+        if Some(c) == prev {
+            run += 1;
+        } else {
+            prev = Some(c);
+            run = 1;
+        }
+        if !(collapse && run > 2 && c.is_alphabetic()) {
+            out.push(c);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Homoglyphs.
+
+/// Latin letter a look-alike stands for. Input is already lower case and
+/// without accents (so `ё`, `ї` arrive as `е`, `і`).
+fn homoglyph(c: char) -> Option<char> {
+    Some(match c {
+        // Cyrillic
+        'а' => 'a',
+        'в' => 'b',
+        'ь' => 'b',
+        'е' => 'e',
+        'к' => 'k',
+        'м' => 'm',
+        'н' => 'h',
+        'һ' => 'h',
+        'о' => 'o',
+        'р' => 'p',
+        'с' => 'c',
+        'т' => 't',
+        'у' => 'y',
+        'ү' => 'y',
+        'х' => 'x',
+        'і' => 'i',
+        'ј' => 'j',
+        'ѕ' => 's',
+        'ԁ' => 'd',
+        'ԛ' => 'q',
+        'ԝ' => 'w',
+        'ӏ' => 'l',
+        // Greek
+        'α' => 'a',
+        'β' => 'b',
+        'γ' => 'y',
+        'ε' => 'e',
+        'η' => 'n',
+        'ι' => 'i',
+        'κ' => 'k',
+        'μ' => 'u',
+        'ν' => 'v',
+        'ο' => 'o',
+        'ρ' => 'p',
+        'ς' => 's',
+        'τ' => 't',
+        'υ' => 'u',
+        'χ' => 'x',
+        'ω' => 'w',
+        // Latin letters that do not decompose, IPA and small capitals
+        'ı' => 'i',
+        'ł' => 'l',
+        'ø' => 'o',
+        'đ' => 'd',
+        'ħ' => 'h',
+        'ŧ' => 't',
+        'ɑ' => 'a',
+        'ɡ' => 'g',
+        'ɩ' => 'i',
+        'ᴀ' => 'a',
+        'ʙ' => 'b',
+        'ᴄ' => 'c',
+        'ᴅ' => 'd',
+        'ᴇ' => 'e',
+        'ғ' => 'f',
+        'ɢ' => 'g',
+        'ʜ' => 'h',
+        'ɪ' => 'i',
+        'ᴊ' => 'j',
+        'ᴋ' => 'k',
+        'ʟ' => 'l',
+        'ᴍ' => 'm',
+        'ɴ' => 'n',
+        'ᴏ' => 'o',
+        'ᴘ' => 'p',
+        'ʀ' => 'r',
+        'ꜱ' => 's',
+        'ᴛ' => 't',
+        'ᴜ' => 'u',
+        'ᴠ' => 'v',
+        'ᴡ' => 'w',
+        'ʏ' => 'y',
+        'ᴢ' => 'z',
+        _ => return None,
+    })
+}
+
+/// Maps look-alikes only in words that are evidently disguised Latin: words
+/// that also contain ASCII letters (`kіll` with a Cyrillic `і`), or whose
+/// letters are all look-alikes (`ѕех`). A Russian or Greek word with any
+/// letter that has no Latin twin is left alone, so real text in those
+/// scripts reaches the model intact.
+fn map_homoglyphs(word: &mut [char]) {
+    if word.iter().all(char::is_ascii) {
+        return;
+    }
+    let has_ascii_letter = word.iter().any(char::is_ascii_alphabetic);
+    let all_lookalike = word
+        .iter()
+        .filter(|c| c.is_alphabetic() && !c.is_ascii())
+        .all(|&c| homoglyph(c).is_some());
+    if !(has_ascii_letter || all_lookalike) {
+        return;
+    }
+    for c in word.iter_mut() {
+        if let Some(latin) = homoglyph(*c) {
+            *c = latin;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Digit and symbol swaps ("leetspeak").
+
+fn leet(c: char) -> Option<char> {
+    Some(match c {
+        '0' => 'o',
+        '1' | '!' => 'i',
+        '3' => 'e',
+        '4' | '@' => 'a',
+        '5' | '$' => 's',
+        '7' => 't',
+        _ => return None,
+    })
+}
+
+/// Letters after a leading number that make it a quantity, ordinal or age
+/// (`1st`, `5g`, `10am`, `12yo`), not a disguised letter.
+const NUMBER_SUFFIXES: &[&str] = &[
+    "st", "nd", "rd", "th", "s", "am", "pm", "h", "hr", "hrs", "m", "min", "mins", "d", "day",
+    "days", "y", "yo", "yr", "yrs", "year", "years", "k", "g", "x", "p", "mb", "gb", "tb", "kb",
+    "mm", "cm", "km", "kg", "lb", "lbs", "ft", "in", "ml", "px", "mp", "v", "w", "kw", "hz", "mph",
+    "kmh", "yd", "oz", "pc", "pcs",
+];
+
+/// Applies digit/symbol swaps to a word that mixes letters with them, unless
+/// its shape says it is a number with a unit or a name with a version
+/// (`2024`, `$5`, `1st`, `mp3`, `win10`, `covid19` stay as written).
+fn map_leet(word: &mut [char]) {
+    if !word.iter().any(|c| c.is_alphabetic()) || !word.iter().any(|&c| leet(c).is_some()) {
+        return;
+    }
+    if looks_like_number_or_code(word) {
+        return;
+    }
+    let mut i = 0;
+    while i < word.len() {
+        if word[i] == '1' {
+            // `ki11`, `a11`: a run of ones is far more often ells than eyes.
+            let run = word[i..].iter().take_while(|&&c| c == '1').count();
+            word[i..i + run].fill(if run >= 2 { 'l' } else { 'i' });
+            i += run;
+        } else {
+            if let Some(letter) = leet(word[i]) {
+                word[i] = letter;
+            }
+            i += 1;
+        }
+    }
+}
+
+fn looks_like_number_or_code(word: &[char]) -> bool {
+    let has_symbol = word.iter().any(|c| matches!(c, '@' | '$' | '!'));
+    if has_symbol {
+        // `$` and `@` mixed with letters are nearly always disguise; a
+        // currency amount like `$5` has no letters and never gets here.
+        return false;
+    }
+    if word.iter().any(|c| matches!(c, '2' | '6' | '8' | '9')) {
+        // A digit that stands for no letter: a number or code (`h264`, `covid19`).
+        return true;
+    }
+    let leading = word.iter().take_while(|c| c.is_ascii_digit()).count();
+    let trailing = word.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    let digits = word.iter().filter(|c| c.is_ascii_digit()).count();
+    let letters = word.len() - digits;
+    if leading == digits {
+        let suffix: String = word[leading..].iter().collect();
+        return leading >= 2 || NUMBER_SUFFIXES.contains(&suffix.as_str());
+    }
+    if trailing == digits {
+        // `win10`, `mp3` are names; `a55`, `hell0`, `ki11` are disguise.
+        let ells = word[word.len() - trailing..].iter().all(|&c| c == '1');
+        return (trailing >= 2 && letters >= 2 && !ells) || (trailing == 1 && letters <= 2);
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> String {
+        normalize(s)
+    }
+
+    #[test]
+    fn ordinary_text_is_only_lower_cased() {
+        for s in [
+            "The quick brown fox jumps over the lazy dog.",
+            "Meet me at 10am on the 1st of May 2024, it costs $5 (or 4.50 EUR)!",
+            "I'll upload the mp3 to win10 after covid19 ends; call 555-0100.",
+            "Class assessment: the therapist said Scunthorpe's skill is killer.",
+            "e.g. the U.S. and i.e. a b",
+            "Hello!!! What?! email: john.doe@example.com",
+            "  multiple   spaces\tand\nnewlines  ",
+        ] {
+            assert_eq!(n(s), s.to_lowercase(), "changed: {s:?}");
+        }
+    }
+
+    #[test]
+    fn fullwidth_and_mathematical_letters_fold_via_nfkc() {
+        assert_eq!(n("ＫＩＬＬ"), "kill");
+        assert_eq!(n("𝐤𝐢𝐥𝐥 𝓎ℴ𝓊"), "kill you");
+        assert_eq!(n("Ⓚⓘⓛⓛ"), "kill");
+    }
+
+    #[test]
+    fn zero_width_and_invisible_characters_are_removed() {
+        assert_eq!(n("k\u{200B}i\u{200C}l\u{200D}l"), "kill");
+        assert_eq!(n("ki\u{2060}ll\u{FEFF}"), "kill");
+        assert_eq!(n("sui\u{00AD}cide"), "suicide");
+        assert_eq!(n("ha\u{FE0F}te"), "hate");
+        assert_eq!(n("di\u{E0041}e"), "die");
+    }
+
+    #[test]
+    fn diacritics_and_zalgo_are_stripped() {
+        assert_eq!(n("kíll yóu"), "kill you");
+        assert_eq!(n("k\u{0336}i\u{0335}l\u{0334}l\u{0337}"), "kill");
+        assert_eq!(n("Z̸̢͈a̵͚l̶g̷o"), "zalgo");
+        assert_eq!(n("Crème Brûlée"), "creme brulee");
+    }
+
+    #[test]
+    fn script_specific_marks_and_other_scripts_survive() {
+        assert_eq!(n("नमस्ते"), "नमस्ते".nfc().collect::<String>());
+        assert_eq!(n("がんばって"), "がんばって");
+        assert_eq!(n("한국어"), "한국어");
+        assert_eq!(n("Привет мир"), "привет мир");
+        assert_eq!(n("Καλημέρα"), "καλημερα");
+    }
+
+    #[test]
+    fn homoglyphs_in_latin_words_become_latin() {
+        // Cyrillic а, е, о, р, с, х, у, і, ѕ inside Latin words.
+        assert_eq!(n("kіll"), "kill");
+        assert_eq!(n("hаtе"), "hate");
+        assert_eq!(n("ѕuісіdе"), "suicide");
+        assert_eq!(n("рrоxу"), "proxy");
+        // Greek omicron and iota.
+        assert_eq!(n("dοg kιll"), "dog kill");
+        // Entirely look-alike words are disguised Latin too.
+        assert_eq!(n("ѕех"), "sex");
+        // Small capitals from "fancy text" generators.
+        assert_eq!(n("ᴋɪʟʟ ʏᴏᴜ"), "kill you");
+    }
+
+    #[test]
+    fn elongated_letters_collapse_to_two() {
+        assert_eq!(n("kiiiiill"), "kiill");
+        assert_eq!(n("KIIILLLL"), "kiill");
+        assert_eq!(n("nooooo"), "noo");
+        assert_eq!(n("see all"), "see all");
+        assert_eq!(normalize_keep_repeats("kiiiill"), "kiiiill");
+        assert_eq!(n("1000 www"), "1000 www");
+    }
+
+    #[test]
+    fn dedouble_variants_try_one_and_two() {
+        let v = dedouble_variants("kiill", 4);
+        assert_eq!(v[0], "kiill");
+        assert!(v.contains(&"kill".to_string()));
+        assert!(v.contains(&"kil".to_string()));
+        assert_eq!(v.len(), 4);
+        assert_eq!(dedouble_variants("abc", 4), vec!["abc".to_string()]);
+        assert_eq!(dedouble_variants("aabbccddeeff", 3).len(), 8);
+    }
+
+    #[test]
+    fn words_spelt_with_separators_are_rejoined() {
+        assert_eq!(n("k i l l you"), "kill you");
+        assert_eq!(n("s.u.i.c.i.d.e"), "suicide");
+        assert_eq!(n("k-i-l-l"), "kill");
+        assert_eq!(n("k_i_l_l"), "kill");
+        assert_eq!(n("I will K*I*L*L you."), "i will kill you.");
+        assert_eq!(n("go d.i.e."), "go die.");
+        // Mixed with leet inside the spelt word.
+        assert_eq!(n("k 1 l l"), "kill");
+    }
+
+    #[test]
+    fn short_or_numeric_single_runs_are_not_rejoined() {
+        assert_eq!(n("e.g. a b"), "e.g. a b");
+        assert_eq!(n("1 2 3 4"), "1 2 3 4");
+        assert_eq!(n("k  i  l  l"), "k  i  l  l");
+        assert_eq!(n("i am a man"), "i am a man");
+    }
+
+    #[test]
+    fn digit_and_symbol_swaps_inside_mixed_words() {
+        assert_eq!(n("k1ll"), "kill");
+        assert_eq!(n("ki11"), "kill");
+        assert_eq!(n("h@te"), "hate");
+        assert_eq!(n("a$$"), "ass");
+        assert_eq!(n("sh!t"), "shit");
+        assert_eq!(n("5hit"), "shit");
+        assert_eq!(n("d13"), "die");
+        assert_eq!(n("1d10t"), "idiot");
+        assert_eq!(n("a55"), "ass");
+        assert_eq!(n("hell0"), "hello");
+        assert_eq!(n("b00bs"), "boobs");
+        assert_eq!(n("7h3 5uicid3"), "the suicide");
+    }
+
+    #[test]
+    fn numbers_units_and_codes_keep_their_digits() {
+        for s in [
+            "2024", "$5", "1st", "2nd", "10am", "5g", "12yo", "5yrs", "mp3", "win10", "h264",
+            "covid19", "3d", "4k",
+        ] {
+            assert_eq!(n(s), s, "changed: {s}");
+        }
+        assert_eq!(n("hello! world!"), "hello! world!");
+    }
+
+    #[test]
+    fn tokens_split_on_non_alphanumerics() {
+        let t: Vec<&str> = tokens("you're dead, 12-year-old!").collect();
+        assert_eq!(t, ["you", "re", "dead", "12", "year", "old"]);
+        assert_eq!(tokens("").count(), 0);
+        let spans: Vec<(usize, &str)> = token_spans("ab  cd").collect();
+        assert_eq!(spans, [(0, "ab"), (4, "cd")]);
+    }
+
+    #[test]
+    fn empty_and_huge_inputs_are_handled() {
+        assert_eq!(n(""), "");
+        let huge = "k\u{200B}i l l é ".repeat(200_000);
+        assert!(huge.len() > 1_000_000);
+        let out = n(&huge);
+        assert!(out.len() <= huge.len());
+        assert!(out.starts_with("ki lle ki lle "), "{}", &out[..20]);
+        let over = "a".repeat(MAX_INPUT_BYTES + 10);
+        assert_eq!(normalize_keep_repeats(&over).len(), MAX_INPUT_BYTES);
+        // A cut in the middle of a multi-byte character must not panic.
+        let multibyte = "é".repeat(MAX_INPUT_BYTES / 2 + 1);
+        assert!(n(&multibyte).len() <= MAX_INPUT_BYTES);
+    }
+
+    #[test]
+    fn normalize_is_idempotent_on_evasions() {
+        for s in [
+            "k i l l",
+            "k1ll",
+            "kiiiill",
+            "hаtе",
+            "s.u.i.c.i.d.e",
+            "a$$ h@te",
+        ] {
+            let once = n(s);
+            assert_eq!(n(&once), once, "not idempotent: {s:?}");
+        }
+    }
+}
