@@ -308,11 +308,7 @@ fn decoder_limits(limits: &ImageLimits, strict_dimensions: bool) -> Limits {
     l
 }
 
-fn reader<'a>(
-    format: ImageFormat,
-    bytes: &'a [u8],
-    limits: Limits,
-) -> ImageReader<Cursor<&'a [u8]>> {
+fn reader(format: ImageFormat, bytes: &[u8], limits: Limits) -> ImageReader<Cursor<&[u8]>> {
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format.to_image_crate());
     reader.limits(limits);
     reader
