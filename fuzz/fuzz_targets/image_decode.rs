@@ -11,6 +11,7 @@
 
 #[allow(dead_code)]
 #[path = "../../src/moderation/image.rs"]
+#[rustfmt::skip] // formatted with the main crate; rustfmt cannot follow its test module from here
 mod image_path;
 
 use libfuzzer_sys::fuzz_target;
