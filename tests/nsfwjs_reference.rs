@@ -103,3 +103,26 @@ fn scores_only_sexual_and_reports_the_model() {
         "{sexual}"
     );
 }
+
+#[test]
+fn any_decodable_size_gives_a_distribution() {
+    let Some(model) = classifier() else { return };
+    for (w, h) in [(1, 1), (1, 500), (500, 1), (3, 2)] {
+        let rgb = image::RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x % 256) as u8, (y % 256) as u8, 90])
+        });
+        let image = moderato::moderation::image::DecodedImage {
+            format: ImageFormat::Png,
+            width: w,
+            height: h,
+            rgb,
+            encoded: bytes::Bytes::new(),
+        };
+        let p = model.class_probabilities(&image).unwrap();
+        let sum: f32 = p.iter().sum();
+        assert!(
+            (sum - 1.0).abs() < 1e-4 && p.iter().all(|v| (0.0..=1.0).contains(v)),
+            "{w}×{h}: {p:?}"
+        );
+    }
+}

@@ -65,6 +65,8 @@ pub enum NsfwError {
     Missing { path: PathBuf },
     #[error("the nsfwjs weights file {path} is unreadable or not the expected model ({reason}); delete it and run scripts/setup.sh (or scripts/fetch-nsfwjs.sh)")]
     Corrupt { path: PathBuf, reason: String },
+    #[error("nsfwjs input: {0}")]
+    BadInput(String),
     #[error("nsfwjs inference failed: {0}")]
     Inference(#[from] candle_core::Error),
 }
@@ -139,11 +141,11 @@ impl NsfwClassifier {
     /// height-width-channel order.
     pub fn class_probabilities_of_input(&self, input: &[f32]) -> Result<[f32; 5], NsfwError> {
         if input.len() != INPUT_SIZE * INPUT_SIZE * 3 {
-            return Err(NsfwError::Inference(candle_core::Error::Msg(format!(
-                "expected {} input values, got {}",
+            return Err(NsfwError::BadInput(format!(
+                "expected {} values (224×224×3), got {}",
                 INPUT_SIZE * INPUT_SIZE * 3,
                 input.len()
-            ))));
+            )));
         }
         self.forward(input.to_vec())
     }
@@ -190,9 +192,9 @@ impl ImageClassifier for NsfwClassifier {
     }
 
     fn default_thresholds(&self) -> Thresholds {
-        let mut t = Thresholds::uniform(DEFAULT_SEXUAL_THRESHOLD);
-        t.set(Category::Sexual, DEFAULT_SEXUAL_THRESHOLD);
-        t
+        // Only `sexual` is evaluated; the other categories always score 0
+        // and never reach any positive threshold.
+        Thresholds::uniform(DEFAULT_SEXUAL_THRESHOLD)
     }
 }
 
