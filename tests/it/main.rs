@@ -7,6 +7,7 @@ mod api;
 mod images;
 mod keys;
 mod limits;
+mod nsfwjs_reference;
 mod signatures;
 mod store;
 mod usage;

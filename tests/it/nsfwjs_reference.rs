@@ -2,9 +2,7 @@
 //! (tools/reference/nsfwjs-reference.mjs, tfjs CPU backend) on the synthetic
 //! fixtures in tests/fixtures/images/.
 //!
-//! Needs the converted weights (scripts/fetch-nsfwjs.sh). Without them the
-//! test says so and passes, unless MODERATO_REQUIRE_MODELS=1 (CI sets it once
-//! setup has run), in which case their absence fails it.
+//! Needs the converted weights: scripts/test.sh runs scripts/setup.sh first.
 
 use std::path::{Path, PathBuf};
 
@@ -25,14 +23,7 @@ fn models_dir() -> PathBuf {
 }
 
 fn classifier() -> Option<NsfwClassifier> {
-    match NsfwClassifier::load(&models_dir()) {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("MODERATO_REQUIRE_MODELS").as_deref() == Ok("1") => panic!("{e}"),
-        Err(e) => {
-            eprintln!("skipping the nsfwjs agreement check: {e}");
-            None
-        }
-    }
+    Some(NsfwClassifier::load(&models_dir()).unwrap_or_else(|e| panic!("{e}")))
 }
 
 #[test]
