@@ -226,7 +226,7 @@ fn environment() -> Env {
     Env::prefixed("MODERATO_")
         .filter(|key| !NON_CONFIG_ENV.contains(&key.as_str()))
         .map(|key| {
-            let key = key.as_str();
+            let key = key.as_str().to_ascii_lowercase();
             let mapped = match key.strip_prefix("vision_") {
                 Some(rest) if !rest.starts_with('_') => format!("vision.{rest}"),
                 _ => key.replace("__", "."),
