@@ -135,7 +135,7 @@ pub async fn spawn_with_config(db: TestDb, dir: Arc<tempfile::TempDir>, config: 
         .build()
         .expect("client");
     let base = format!("http://{addr}");
-    let app = TestApp {
+    let mut app = TestApp {
         base,
         client,
         db,
@@ -150,8 +150,13 @@ pub async fn spawn_with_config(db: TestDb, dir: Arc<tempfile::TempDir>, config: 
 }
 
 impl TestApp {
-    async fn wait_until_ready(&self) {
-        for _ in 0..600 {
+    async fn wait_until_ready(&mut self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while std::time::Instant::now() < deadline {
+            if self.server.as_ref().is_some_and(|s| s.is_finished()) {
+                let result = self.server.take().expect("server").await;
+                panic!("the app stopped during start-up: {result:?}");
+            }
             if let Ok(r) = self.client.get(format!("{}/ready", self.base)).send().await {
                 if r.status() == 200 {
                     return;
@@ -159,7 +164,7 @@ impl TestApp {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("the app did not become ready");
+        panic!("the app did not become ready within two minutes");
     }
 
     /// A new key of `tier`, made as `moderato keys create` makes it.
