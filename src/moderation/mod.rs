@@ -4,6 +4,7 @@
 pub mod category;
 pub mod classifier;
 pub mod image;
+pub mod text_model;
 pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
