@@ -83,11 +83,7 @@ impl CategoryScores {
     /// Sets a score, clamped into [0, 1] (NaN becomes 0) so that no caller can
     /// put an out-of-range value into a response.
     pub fn set(&mut self, category: Category, score: f32) {
-        self.0[category.index()] = if score.is_nan() {
-            0.0
-        } else {
-            score.clamp(0.0, 1.0)
-        };
+        self.0[category.index()] = if score.is_nan() { 0.0 } else { score.clamp(0.0, 1.0) };
     }
 
     /// Per category, the stronger of the two.
@@ -142,10 +138,7 @@ mod tests {
             assert_eq!(c.index(), i);
             assert_eq!(Category::parse(c.as_str()), Some(c));
         }
-        assert_eq!(
-            Category::parse("violence/graphic"),
-            Some(Category::ViolenceGraphic)
-        );
+        assert_eq!(Category::parse("violence/graphic"), Some(Category::ViolenceGraphic));
         assert_eq!(Category::parse("Violence"), None);
     }
 

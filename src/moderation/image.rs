@@ -77,23 +77,12 @@ pub enum ImageError {
 
 /// Parses `data:<media type>;base64,<data>` into the declared format and the
 /// binary bytes, refusing more than `limits.max_bytes` of binary data.
-pub fn parse_data_uri(
-    _uri: &str,
-    _limits: &ImageLimits,
-) -> Result<(ImageFormat, Bytes), ImageError> {
-    Err(ImageError::Invalid(
-        "image input is not supported yet".into(),
-    ))
+pub fn parse_data_uri(_uri: &str, _limits: &ImageLimits) -> Result<(ImageFormat, Bytes), ImageError> {
+    Err(ImageError::Invalid("image input is not supported yet".into()))
 }
 
 /// Checks that `bytes` really are `declared`, then decodes the first frame
 /// within `limits`. Blocking CPU work.
-pub fn decode(
-    _declared: ImageFormat,
-    _bytes: Bytes,
-    _limits: &ImageLimits,
-) -> Result<DecodedImage, ImageError> {
-    Err(ImageError::Invalid(
-        "image input is not supported yet".into(),
-    ))
+pub fn decode(_declared: ImageFormat, _bytes: Bytes, _limits: &ImageLimits) -> Result<DecodedImage, ImageError> {
+    Err(ImageError::Invalid("image input is not supported yet".into()))
 }

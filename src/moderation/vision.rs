@@ -54,13 +54,7 @@ pub struct ImageAnalysis {
 
 impl ImageAnalysis {
     pub fn with_status(status: AnalysisStatus) -> ImageAnalysis {
-        ImageAnalysis {
-            status,
-            model: None,
-            category_scores: BTreeMap::new(),
-            rationale: None,
-            error: None,
-        }
+        ImageAnalysis { status, model: None, category_scores: BTreeMap::new(), rationale: None, error: None }
     }
 }
 
@@ -85,9 +79,6 @@ impl VisionClient {
     /// fails as a whole: each image gets its own status. Returns one entry per
     /// input, in order.
     pub async fn analyze(&self, images: Vec<VisionImage>) -> Vec<ImageAnalysis> {
-        images
-            .iter()
-            .map(|_| ImageAnalysis::with_status(AnalysisStatus::Unavailable))
-            .collect()
+        images.iter().map(|_| ImageAnalysis::with_status(AnalysisStatus::Unavailable)).collect()
     }
 }

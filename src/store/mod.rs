@@ -167,12 +167,7 @@ pub trait Store: Send + Sync + 'static {
     /// revoking twice keeps the first time.
     async fn revoke_key(&self, id: &KeyId) -> Result<bool, StoreError>;
     /// Changes plan and custom limit. `Ok(false)` if there is no such key.
-    async fn set_tier(
-        &self,
-        id: &KeyId,
-        tier: Tier,
-        custom_rpm: Option<u32>,
-    ) -> Result<bool, StoreError>;
+    async fn set_tier(&self, id: &KeyId, tier: Tier, custom_rpm: Option<u32>) -> Result<bool, StoreError>;
 
     /// Inserts a batch in one transaction; events whose `request_id` is
     /// already stored are skipped (idempotent retries).
@@ -194,7 +189,5 @@ pub trait Store: Send + Sync + 'static {
 /// missing, and runs its migrations.
 pub async fn connect(database_url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     let _ = database_url;
-    Err(StoreError::Other(
-        "storage backends are not implemented yet".into(),
-    ))
+    Err(StoreError::Other("storage backends are not implemented yet".into()))
 }
