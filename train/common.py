@@ -72,26 +72,27 @@ def heads_template(input_kind: str, tokens: int, stride: int) -> dict:
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
 
 
-def _store_path(config: dict) -> Path:
+def _store_path(config: dict, namespace: str) -> Path:
     key = {k: config[k] for k in ("input", "window")}
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return WORK / "cache" / f"store-{h}.pkl"
+    prefix = "store" if namespace == "train" else f"store-{namespace}"
+    return WORK / "cache" / f"{prefix}-{h}.pkl"
 
 
 def _text_key(t: str) -> str:
     return hashlib.sha256(t.encode("utf-8", "replace")).hexdigest()
 
 
-def load_store(config: dict) -> dict:
-    path = _store_path(config)
+def load_store(config: dict, namespace: str = "train") -> dict:
+    path = _store_path(config, namespace)
     if path.exists():
         with open(path, "rb") as f:
             return pickle.load(f)
     return {}
 
 
-def save_store(config: dict, store: dict):
-    path = _store_path(config)
+def save_store(config: dict, store: dict, namespace: str = "train"):
+    path = _store_path(config, namespace)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
@@ -113,18 +114,18 @@ def _run_embed(texts, config: dict):
     return [vecs[idx == i] for i in range(len(texts))]
 
 
-def embed_texts(texts, config: dict, label: str = ""):
+def embed_texts(texts, config: dict, label: str = "", namespace: str = "train"):
     """Window embeddings of `texts`: (rows, 384) float32 and the text index of
     each row. Embeddings are stored per text (keyed by input form and windows)
     under train/out/cache, so only texts never seen are embedded."""
-    store = load_store(config)
+    store = load_store(config, namespace)
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     for start in range(0, len(missing), PIECE):
         piece = missing[start:start + PIECE]
         print(f"embed {label}: {start}/{len(missing)} new texts", file=sys.stderr)
         for t, e in zip(piece, _run_embed(piece, config)):
             store[_text_key(t)] = e
-        save_store(config, store)
+        save_store(config, store, namespace)
     parts = [store[_text_key(t)] for t in texts]
     vecs = np.concatenate(parts) if parts else np.zeros((0, DIM), np.float32)
     idx = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]) if parts else np.zeros(0, np.int64)

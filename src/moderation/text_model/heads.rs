@@ -46,8 +46,11 @@ struct HeadSpec {
 pub enum InputKind {
     /// The text as received.
     Raw,
-    /// The output of `moderation::normalize::normalize`.
+    /// The normalised (de-obfuscated) text.
     Normalized,
+    /// Heads trained on raw text, also applied to the normalised text when
+    /// normalising changed more than case; the stronger score wins.
+    Both,
 }
 
 /// One logistic head whose Platt calibration is folded into `w` and `b`.

@@ -12,6 +12,7 @@
 //! its strongest window's, so a threat in the middle of a long benign text is
 //! not diluted away.
 
+mod deobfuscate;
 mod encoder;
 mod files;
 mod heads;
@@ -99,10 +100,11 @@ impl EmbeddingClassifier {
         let mut windows = Vec::new();
         let mut owner = Vec::new();
         for (i, text) in texts.iter().enumerate() {
-            let input = self.model_input(text);
-            for w in self.encoder.windows(&input, self.heads.window)? {
-                windows.push(w);
-                owner.push(i);
+            for input in self.model_inputs(text) {
+                for w in self.encoder.windows(&input, self.heads.window)? {
+                    windows.push(w);
+                    owner.push(i);
+                }
             }
         }
         let embeddings = self.encoder.embed(&windows)?;
@@ -129,17 +131,36 @@ impl EmbeddingClassifier {
             .collect())
     }
 
-    fn model_input<'a>(&self, text: &'a str) -> Cow<'a, str> {
+    /// The texts the encoder sees for `text`: the heads' input form, plus
+    /// the de-obfuscated form when the heads read raw text and normalising
+    /// changed more than letter case (`k i l l`, `s.u.i.c.i.d.e`, look-alikes),
+    /// so evasion cannot hide a word the model knows. Ordinary text costs
+    /// one pass.
+    fn model_inputs<'a>(&self, text: &'a str) -> Vec<Cow<'a, str>> {
         match self.heads.input {
-            InputKind::Raw => Cow::Borrowed(text),
-            InputKind::Normalized => Cow::Owned(normalize_for_model(text)),
+            InputKind::Raw => vec![Cow::Borrowed(text)],
+            InputKind::Normalized => vec![Cow::Owned(normalize_for_model(text))],
+            InputKind::Both => {
+                let normalized = normalize_for_model(text);
+                if changed_beyond_case(text, &normalized) {
+                    vec![Cow::Borrowed(text), Cow::Owned(normalized)]
+                } else {
+                    vec![Cow::Borrowed(text)]
+                }
+            }
         }
     }
 }
 
-/// The form of the text the heads were trained on when they say `normalized`.
+/// Whether normalising did more than fold case and whitespace.
+fn changed_beyond_case(raw: &str, normalized: &str) -> bool {
+    let folded = raw.split_whitespace().map(str::to_lowercase);
+    !folded.eq(normalized.split_whitespace().map(str::to_string))
+}
+
+/// The de-obfuscated form of a text (see [`deobfuscate`]).
 fn normalize_for_model(text: &str) -> String {
-    text.to_string()
+    deobfuscate::normalize(text)
 }
 
 impl TextClassifier for EmbeddingClassifier {
@@ -153,5 +174,24 @@ impl TextClassifier for EmbeddingClassifier {
 
     fn default_thresholds(&self) -> Thresholds {
         self.heads.thresholds()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{changed_beyond_case, normalize_for_model};
+
+    #[test]
+    fn ordinary_text_needs_no_second_view() {
+        for text in ["Hello there, how are you?", "I LOVE this  song", "Meet at 10"] {
+            assert!(!changed_beyond_case(text, &normalize_for_model(text)), "{text}");
+        }
+    }
+
+    #[test]
+    fn obfuscated_text_gets_a_second_view() {
+        for text in ["I will k i l l you", "s.u.i.c.i.d.e", "k1ll yourself", "ki\u{200B}ll"] {
+            assert!(changed_beyond_case(text, &normalize_for_model(text)), "{text}");
+        }
     }
 }
