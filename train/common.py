@@ -69,6 +69,8 @@ def heads_template(input_kind: str, tokens: int, stride: int) -> dict:
     }
 
 
+# Stores made before a change of the embedding views, still valid for short texts.
+REUSE_SHORT = {"eval2": "eval"}
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
 
 
@@ -119,6 +121,14 @@ def embed_texts(texts, config: dict, label: str = "", namespace: str = "train"):
     each row. Embeddings are stored per text (keyed by input form and windows)
     under train/out/cache, so only texts never seen are embedded."""
     store = load_store(config, namespace)
+    if namespace in REUSE_SHORT:
+        # Texts of at most 64 characters have at most 64 tokens, so the
+        # sentence view added since REUSE_SHORT[namespace] cannot apply.
+        older = load_store(config, REUSE_SHORT[namespace])
+        for t in texts:
+            k = _text_key(t)
+            if k not in store and len(t) <= 64 and k in older:
+                store[k] = older[k]
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     for start in range(0, len(missing), PIECE):
         piece = missing[start:start + PIECE]

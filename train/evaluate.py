@@ -116,7 +116,7 @@ def main():
     summary = []
     per_cat_ours, per_cat_prof = {}, {}
     for name, (kind, texts, labels) in sets.items():
-        vecs, idx = embed_texts(texts, cfg, name, namespace="eval" if name != "heldout" else "train")
+        vecs, idx = embed_texts(texts, cfg, name, namespace="eval2" if name != "heldout" else "train")
         S = apply_heads(cfg, vecs, idx, len(texts))
         prof = profanity_scores(texts)
         lines += [f"## {name} ({kind}, {len(texts)} texts)", "",

@@ -84,7 +84,7 @@ fn does_not_flag_hard_negatives() {
         "The film's violence was stylised and never gratuitous.",
         "If you are having thoughts of suicide, please reach out to a crisis line.",
         "Police said two people were injured in a shooting downtown on Tuesday.",
-        "Saying that immigrants are criminals is racist and false, and I reject it.",
+        "It is simply racist to claim that refugees are all criminals, and I will not accept it.",
         "Can you recommend a good recipe for banana bread?",
     ] {
         assert_clean(text);

@@ -101,10 +101,18 @@ impl EmbeddingClassifier {
         let mut owner = Vec::new();
         for (i, text) in texts.iter().enumerate() {
             for input in self.model_inputs(text) {
-                for w in self.encoder.windows(&input, self.heads.window)? {
-                    windows.push(w);
-                    owner.push(i);
+                let whole = self.encoder.windows(&input, self.heads.window)?;
+                let long =
+                    whole.len() > 1 || whole.iter().any(|w| w.len() > SENTENCE_VIEW_MIN_TOKENS);
+                let n = windows.len();
+                windows.extend(whole);
+                if long {
+                    for sentence in sentences(&input) {
+                        windows.extend(self.encoder.windows(sentence, self.heads.window)?);
+                    }
                 }
+                owner.resize(windows.len(), i);
+                debug_assert!(owner.len() >= n);
             }
         }
         let embeddings = self.encoder.embed(&windows)?;
@@ -152,6 +160,22 @@ impl EmbeddingClassifier {
     }
 }
 
+/// Texts longer than this many tokens are also read sentence by sentence:
+/// mean pooling over a long window averages one harmful sentence away (a
+/// threat inside a page of minutes), while the heads judge a lone sentence
+/// well, having been trained mostly on short texts.
+const SENTENCE_VIEW_MIN_TOKENS: usize = 64;
+
+/// The distinct sentences (and lines) of a text with at least three words.
+fn sentences(text: &str) -> Vec<&str> {
+    let mut seen = std::collections::HashSet::new();
+    text.split(['.', '!', '?', '\n', ';'])
+        .map(str::trim)
+        .filter(|s| s.split_whitespace().nth(2).is_some())
+        .filter(|s| seen.insert(*s))
+        .collect()
+}
+
 /// Whether normalising did more than fold case and whitespace.
 fn changed_beyond_case(raw: &str, normalized: &str) -> bool {
     let folded = raw.split_whitespace().map(str::to_lowercase);
@@ -179,19 +203,40 @@ impl TextClassifier for EmbeddingClassifier {
 
 #[cfg(test)]
 mod tests {
-    use super::{changed_beyond_case, normalize_for_model};
+    use super::{changed_beyond_case, normalize_for_model, sentences};
+
+    #[test]
+    fn sentences_are_distinct_and_have_three_words() {
+        let text = "Hi. The cat sat down. The cat sat down!\nOk then\nI will find you; see you";
+        assert_eq!(sentences(text), ["The cat sat down", "I will find you"]);
+    }
 
     #[test]
     fn ordinary_text_needs_no_second_view() {
-        for text in ["Hello there, how are you?", "I LOVE this  song", "Meet at 10"] {
-            assert!(!changed_beyond_case(text, &normalize_for_model(text)), "{text}");
+        for text in [
+            "Hello there, how are you?",
+            "I LOVE this  song",
+            "Meet at 10",
+        ] {
+            assert!(
+                !changed_beyond_case(text, &normalize_for_model(text)),
+                "{text}"
+            );
         }
     }
 
     #[test]
     fn obfuscated_text_gets_a_second_view() {
-        for text in ["I will k i l l you", "s.u.i.c.i.d.e", "k1ll yourself", "ki\u{200B}ll"] {
-            assert!(changed_beyond_case(text, &normalize_for_model(text)), "{text}");
+        for text in [
+            "I will k i l l you",
+            "s.u.i.c.i.d.e",
+            "k1ll yourself",
+            "ki\u{200B}ll",
+        ] {
+            assert!(
+                changed_beyond_case(text, &normalize_for_model(text)),
+                "{text}"
+            );
         }
     }
 }
