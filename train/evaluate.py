@@ -28,11 +28,11 @@ SAMPLE = {
     "ailuminate": 600,
     "ethos": 400,
     "ethos_violence": 300,
-    "toxicchat": 500,
-    "olid": 500,
-    "twitter_suicidal": 500,
-    "suicide_detection": 150,
-    "cssrs": 50,
+    "toxicchat": 400,
+    "olid": 400,
+    "twitter_suicidal": 400,
+    "suicide_detection": 60,
+    "cssrs": 15,
     "threat_augmented": 200,
 }
 SEED = 7

@@ -12,6 +12,17 @@ use unicode_normalization::UnicodeNormalization;
 const MIN_SPELT_OUT: usize = 3;
 
 pub fn normalize(text: &str) -> String {
+    normalize_with(text, 2)
+}
+
+/// [`normalize`] with elongations cut to one letter (`kiiiill` → `kil`,
+/// `killll` → `kil`); the model gets both forms since the right length is
+/// unknown.
+pub fn normalize_single_repeats(text: &str) -> String {
+    normalize_with(text, 1)
+}
+
+fn normalize_with(text: &str, keep: usize) -> String {
     let folded: String = text
         .nfkd()
         .filter(|c| !is_invisible(*c) && !unicode_normalization::char::is_combining_mark(*c))
@@ -20,7 +31,7 @@ pub fn normalize(text: &str) -> String {
     let words = rejoin_spelt_out(&folded);
     words
         .iter()
-        .map(|w| collapse_repeats(&undigit(w)))
+        .map(|w| collapse_repeats(&undigit(w), keep))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -103,21 +114,23 @@ fn undigit(word: &str) -> String {
         .collect()
 }
 
-/// Runs of three or more of the same letter become two.
-fn collapse_repeats(word: &str) -> String {
+/// Runs of three or more of the same letter become `keep` letters; shorter
+/// runs (`ll` in `kill`) are spelling and stay.
+fn collapse_repeats(word: &str, keep: usize) -> String {
     let mut out = String::with_capacity(word.len());
-    let mut last = None;
-    let mut count = 0;
-    for c in word.chars() {
-        if Some(c) == last {
-            count += 1;
+    let mut chars = word.chars().peekable();
+    while let Some(c) = chars.next() {
+        let mut run = 1;
+        while chars.peek() == Some(&c) {
+            chars.next();
+            run += 1;
+        }
+        let n = if run >= 3 && c.is_alphabetic() {
+            keep.min(run)
         } else {
-            last = Some(c);
-            count = 1;
-        }
-        if count <= 2 || !c.is_alphabetic() {
-            out.push(c);
-        }
+            run
+        };
+        out.extend(std::iter::repeat_n(c, n));
     }
     out
 }
@@ -132,6 +145,8 @@ mod tests {
         assert_eq!(normalize("s.u.i.c.i.d.e"), "suicide");
         assert_eq!(normalize("k1ll"), "kill");
         assert_eq!(normalize("kiiiiill"), "kiill");
+        assert_eq!(super::normalize_single_repeats("kiiiiill"), "kill");
+        assert_eq!(super::normalize_single_repeats("killll"), "kil");
         assert_eq!(normalize("k\u{200B}ill"), "kill");
         assert_eq!(normalize("kíll"), "kill");
     }

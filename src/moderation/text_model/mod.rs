@@ -149,12 +149,17 @@ impl EmbeddingClassifier {
             InputKind::Raw => vec![Cow::Borrowed(text)],
             InputKind::Normalized => vec![Cow::Owned(normalize_for_model(text))],
             InputKind::Both => {
+                let mut views = vec![Cow::Borrowed(text)];
                 let normalized = normalize_for_model(text);
-                if changed_beyond_case(text, &normalized) {
-                    vec![Cow::Borrowed(text), Cow::Owned(normalized)]
-                } else {
-                    vec![Cow::Borrowed(text)]
+                // Elongations: the intended length of `kiiiill` is unknown.
+                let single = deobfuscate::normalize_single_repeats(text);
+                if single != normalized && changed_beyond_case(text, &single) {
+                    views.push(Cow::Owned(single));
                 }
+                if changed_beyond_case(text, &normalized) {
+                    views.push(Cow::Owned(normalized));
+                }
+                views
             }
         }
     }
