@@ -9,6 +9,7 @@ pub mod lexical;
 pub mod normalize;
 pub mod nsfw;
 pub mod null;
+pub mod text_model;
 pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};

@@ -10,5 +10,6 @@ mod limits;
 mod nsfwjs_reference;
 mod signatures;
 mod store;
+mod text_model;
 mod usage;
 mod vision;

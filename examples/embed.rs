@@ -1,0 +1,68 @@
+//! Embeds texts exactly as the served text model does, for training and
+//! evaluation of its heads.
+//!
+//! Usage: `cargo run --release --example embed -- IN.jsonl OUT_PREFIX [HEADS.json]`
+//! IN.jsonl has one `{"text": "..."}` object per line. Writes
+//! `OUT_PREFIX.f32` (little-endian f32, one 384-wide row per window) and
+//! `OUT_PREFIX.idx` (little-endian u32: the input line of each row). The
+//! input form (raw or normalised) and the windowing come from HEADS.json,
+//! by default the shipped heads. Models are read from `$MODERATO_MODELS_DIR`
+//! or `<repository>/models`.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use moderato::moderation::text_model::{EmbeddingClassifier, SHIPPED_HEADS_JSON};
+
+const CHUNK: usize = 256;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (input, prefix) = match (args.first(), args.get(1)) {
+        (Some(i), Some(p)) => (PathBuf::from(i), p.clone()),
+        _ => bail!("usage: embed IN.jsonl OUT_PREFIX [HEADS.json]"),
+    };
+    let heads = match args.get(2) {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?,
+        None => SHIPPED_HEADS_JSON.to_string(),
+    };
+    let models = std::env::var_os("MODERATO_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let model = EmbeddingClassifier::load_with_heads(&models, &heads)?;
+
+    let reader = BufReader::new(
+        std::fs::File::open(&input).with_context(|| format!("opening {}", input.display()))?,
+    );
+    let mut texts = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line?;
+        let value: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("line {}", n + 1))?;
+        match value.get("text").and_then(|t| t.as_str()) {
+            Some(t) => texts.push(t.to_string()),
+            None => bail!("line {} has no \"text\" string", n + 1),
+        }
+    }
+
+    let mut vecs = BufWriter::new(std::fs::File::create(format!("{prefix}.f32"))?);
+    let mut idx = BufWriter::new(std::fs::File::create(format!("{prefix}.idx"))?);
+    for (c, chunk) in texts.chunks(CHUNK).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        for (k, windows) in model.embed_windows(&refs)?.into_iter().enumerate() {
+            let line = u32::try_from(c * CHUNK + k)?;
+            for w in windows {
+                for x in w {
+                    vecs.write_all(&x.to_le_bytes())?;
+                }
+                idx.write_all(&line.to_le_bytes())?;
+            }
+        }
+        eprint!("\rembedded {}/{}", (c * CHUNK + chunk.len()), texts.len());
+    }
+    eprintln!();
+    vecs.flush()?;
+    idx.flush()?;
+    Ok(())
+}

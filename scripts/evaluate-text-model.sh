@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Measures the shipped heads on every set in /work/shared/datasets/{eval,restricted}
+# and on the held-out split, next to alt-profanity-check; writes eval/REPORT.md
+# and eval/pr_*.png. Needs the prepared data of scripts/train-text-model.sh
+# (it runs the preparation step itself when missing).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+"$ROOT/scripts/fetch-minilm.sh"
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install --quiet -r train/requirements.txt
+cargo build --quiet --example embed
+
+cd train
+[[ -f out/dataset.jsonl ]] || ../.venv/bin/python prepare.py
+../.venv/bin/python evaluate.py
+echo "evaluate-text-model: wrote eval/REPORT.md"

@@ -1,0 +1,178 @@
+//! The sentence encoder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions)
+//! run with candle on the CPU, mean-pooled and L2-normalised exactly as
+//! sentence-transformers does, so embeddings match the published model.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use tokenizers::Tokenizer;
+
+use super::files::{read_verified, ModelFile};
+use super::TextModelError;
+
+/// Embedding width of all-MiniLM-L6-v2.
+pub const EMBEDDING_DIM: usize = 384;
+
+/// Mini-batches are capped by rows and by padded tokens, which bounds the
+/// attention buffers (rows x heads x len x len) whatever the input.
+const MAX_BATCH_ROWS: usize = 32;
+const MAX_BATCH_TOKENS: usize = 8 * 1024;
+
+/// How long texts are cut into overlapping windows of tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// Tokens per window, including the `[CLS]` and `[SEP]` markers.
+    pub tokens: usize,
+    /// Content tokens between the starts of consecutive windows.
+    pub stride: usize,
+}
+
+impl WindowConfig {
+    fn content_len(&self) -> usize {
+        self.tokens.saturating_sub(2).max(1)
+    }
+}
+
+pub struct MiniLm {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    cls: u32,
+    sep: u32,
+    device: Device,
+}
+
+impl MiniLm {
+    /// Loads and checksum-verifies `dir/{config.json,tokenizer.json,model.safetensors}`.
+    pub fn load(dir: &Path) -> Result<MiniLm, TextModelError> {
+        let config_bytes = read_verified(dir, ModelFile::Config)?;
+        let tokenizer_bytes = read_verified(dir, ModelFile::Tokenizer)?;
+        let weights = read_verified(dir, ModelFile::Weights)?;
+
+        let config: Config = serde_json::from_slice(&config_bytes)
+            .map_err(|e| TextModelError::Invalid(format!("config.json: {e}")))?;
+        let mut tokenizer = Tokenizer::from_bytes(&tokenizer_bytes)
+            .map_err(|e| TextModelError::Invalid(format!("tokenizer.json: {e}")))?;
+        // Windowing is ours: the tokenizer must return every token, unpadded.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| TextModelError::Invalid(format!("tokenizer.json: {e}")))?;
+        let special = |name: &str| {
+            tokenizer
+                .token_to_id(name)
+                .ok_or_else(|| TextModelError::Invalid(format!("tokenizer has no {name} token")))
+        };
+        let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
+
+        let device = Device::Cpu;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)?;
+        let model = BertModel::load(vb, &config)?;
+        Ok(MiniLm {
+            model,
+            tokenizer,
+            cls,
+            sep,
+            device,
+        })
+    }
+
+    /// Token windows covering the whole text, each framed by `[CLS]`/`[SEP]`.
+    /// An empty text gives one window with the markers only.
+    pub fn windows(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let ids = encoding.get_ids();
+        let len = cfg.content_len();
+        let stride = cfg.stride.clamp(1, len);
+        let mut out = Vec::with_capacity(ids.len() / stride + 1);
+        let mut start = 0;
+        loop {
+            let end = (start + len).min(ids.len());
+            let mut window = Vec::with_capacity(end - start + 2);
+            window.push(self.cls);
+            window.extend_from_slice(&ids[start..end]);
+            window.push(self.sep);
+            out.push(window);
+            if end >= ids.len() {
+                return Ok(out);
+            }
+            start += stride;
+        }
+    }
+
+    /// Sentence embeddings (unit length) of token windows, in input order.
+    /// Windows are sorted by length and padded per mini-batch so short ones
+    /// never pay for a long neighbour.
+    pub fn embed(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let mut order: Vec<usize> = (0..windows.len()).collect();
+        order.sort_by_key(|&i| windows[i].len());
+        let mut out = vec![Vec::new(); windows.len()];
+        let mut rest = &order[..];
+        while !rest.is_empty() {
+            let take = batch_len(rest, windows);
+            let (batch, tail) = rest.split_at(take);
+            let refs: Vec<&[u32]> = batch.iter().map(|&i| windows[i].as_slice()).collect();
+            for (&i, emb) in batch.iter().zip(self.embed_batch(&refs)?) {
+                out[i] = emb;
+            }
+            rest = tail;
+        }
+        Ok(out)
+    }
+
+    fn embed_batch(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let max_len = batch.iter().map(|w| w.len()).max().unwrap_or(0);
+        let rows = batch.len();
+        let mut ids = vec![0u32; rows * max_len];
+        let mut mask = vec![0u32; rows * max_len];
+        for (r, w) in batch.iter().enumerate() {
+            ids[r * max_len..r * max_len + w.len()].copy_from_slice(w);
+            mask[r * max_len..r * max_len + w.len()].fill(1);
+        }
+        let ids = Tensor::from_vec(ids, (rows, max_len), &self.device)?;
+        let mask = Tensor::from_vec(mask, (rows, max_len), &self.device)?;
+        let type_ids = ids.zeros_like()?;
+        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?;
+        // Mean over real tokens only, then unit length (sentence-transformers' pooling).
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+        let counts = mask.sum(1)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+        Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+    }
+}
+
+/// How many of the (length-sorted) windows at the head of `order` go in the next batch.
+fn batch_len(order: &[usize], windows: &[Vec<u32>]) -> usize {
+    let mut n = 0;
+    for &i in order.iter().take(MAX_BATCH_ROWS) {
+        // Sorted ascending, so this window sets the padded length.
+        let padded = windows[i].len() * (n + 1);
+        if n > 0 && padded > MAX_BATCH_TOKENS {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_respect_row_and_token_caps() {
+        let windows: Vec<Vec<u32>> = (0..100).map(|i| vec![0; 10 + i * 5]).collect();
+        let order: Vec<usize> = (0..100).collect();
+        assert_eq!(batch_len(&order, &windows), MAX_BATCH_ROWS);
+        let long: Vec<Vec<u32>> = (0..40).map(|_| vec![0; 510]).collect();
+        let order: Vec<usize> = (0..40).collect();
+        let n = batch_len(&order, &long);
+        assert!(n * 510 <= MAX_BATCH_TOKENS && n >= 1);
+    }
+}

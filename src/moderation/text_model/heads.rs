@@ -1,0 +1,279 @@
+//! The per-category heads: calibrated logistic regressions on the sentence
+//! embedding, trained by `train/train_heads.py` and shipped as
+//! `assets/text-model/heads.json`.
+//!
+//! `sexual/minors` has no head of its own (it is never learnt from examples):
+//! it is the smaller of the `sexual` score and the score of the `minor` head,
+//! which recognises text about children and young teenagers.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use super::encoder::{WindowConfig, EMBEDDING_DIM};
+use super::TextModelError;
+use crate::moderation::category::{Category, CategoryScores, Thresholds};
+
+/// Name of the head that detects a minor being mentioned.
+const MINOR_HEAD: &str = "minor";
+
+#[derive(Deserialize)]
+struct HeadsFile {
+    version: String,
+    input: InputKind,
+    window: WindowSpec,
+    heads: HashMap<String, HeadSpec>,
+    thresholds: HashMap<String, f32>,
+    #[serde(default)]
+    parents: Vec<(String, String)>,
+}
+
+#[derive(Deserialize)]
+struct WindowSpec {
+    tokens: usize,
+    stride: usize,
+}
+
+#[derive(Deserialize)]
+struct HeadSpec {
+    w: Vec<f32>,
+    b: f32,
+}
+
+/// Which form of the text the heads were trained on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputKind {
+    /// The text as received.
+    Raw,
+    /// The normalised (de-obfuscated) text.
+    Normalized,
+    /// Heads trained on raw text, also applied to the normalised text when
+    /// normalising changed more than case; the stronger score wins.
+    Both,
+}
+
+/// One logistic head whose Platt calibration is folded into `w` and `b`.
+struct Head {
+    w: Vec<f32>,
+    b: f32,
+}
+
+impl Head {
+    fn probability(&self, embedding: &[f32]) -> f32 {
+        let z: f32 = self
+            .w
+            .iter()
+            .zip(embedding)
+            .map(|(w, x)| w * x)
+            .sum::<f32>()
+            + self.b;
+        1.0 / (1.0 + (-z).exp())
+    }
+}
+
+pub struct Heads {
+    pub version: String,
+    pub input: InputKind,
+    pub window: WindowConfig,
+    /// Indexed by category; `None` for `sexual/minors`, which is composed.
+    learnt: Vec<Option<Head>>,
+    minor: Head,
+    thresholds: Thresholds,
+    /// (child, parent): the parent is raised to at least the child's score,
+    /// since e.g. a self-harm intent is self-harm.
+    parents: Vec<(Category, Category)>,
+}
+
+impl Heads {
+    pub fn parse(json: &str) -> Result<Heads, TextModelError> {
+        let file: HeadsFile =
+            serde_json::from_str(json).map_err(|e| invalid(format!("heads.json: {e}")))?;
+        let mut specs = file.heads;
+        let mut learnt = Vec::with_capacity(Category::ALL.len());
+        for c in Category::ALL {
+            let head = match c {
+                Category::SexualMinors => None,
+                _ => Some(take_head(&mut specs, c.as_str())?),
+            };
+            learnt.push(head);
+        }
+        let minor = take_head(&mut specs, MINOR_HEAD)?;
+        let mut thresholds = Thresholds::uniform(0.5);
+        for c in Category::ALL {
+            let t = *file
+                .thresholds
+                .get(c.as_str())
+                .ok_or_else(|| invalid(format!("no threshold for {c}")))?;
+            if !(0.0..=1.0).contains(&t) {
+                return Err(invalid(format!("threshold for {c} is outside [0, 1]")));
+            }
+            thresholds.set(c, t);
+        }
+        let parents = file
+            .parents
+            .iter()
+            .map(|(child, parent)| Ok((category(child)?, category(parent)?)))
+            .collect::<Result<Vec<_>, TextModelError>>()?;
+        if file.window.tokens < 8 || file.window.tokens > 512 || file.window.stride == 0 {
+            return Err(invalid(
+                "window must have 8..=512 tokens and a stride > 0".into(),
+            ));
+        }
+        Ok(Heads {
+            version: file.version,
+            input: file.input,
+            window: WindowConfig {
+                tokens: file.window.tokens,
+                stride: file.window.stride,
+            },
+            learnt,
+            minor,
+            thresholds,
+            parents,
+        })
+    }
+
+    pub fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+
+    /// Head probabilities for one window: the learnt categories, plus the
+    /// minor signal stored in the `sexual/minors` slot until [`Heads::compose`].
+    pub fn window_scores(&self, embedding: &[f32]) -> CategoryScores {
+        let mut scores = CategoryScores::default();
+        for c in Category::ALL {
+            let p = match &self.learnt[c.index()] {
+                Some(head) => head.probability(embedding),
+                None => self.minor.probability(embedding),
+            };
+            scores.set(c, p);
+        }
+        scores
+    }
+
+    /// Turns the per-text maximum of [`Heads::window_scores`] into the final
+    /// scores: `sexual/minors` needs both a sexual and a minor signal, and
+    /// parents are at least as high as their children.
+    pub fn compose(&self, mut max_over_windows: CategoryScores) -> CategoryScores {
+        let minor = max_over_windows.get(Category::SexualMinors);
+        let sexual = max_over_windows.get(Category::Sexual);
+        max_over_windows.set(Category::SexualMinors, sexual.min(minor));
+        for &(child, parent) in &self.parents {
+            let raised = max_over_windows
+                .get(parent)
+                .max(max_over_windows.get(child));
+            max_over_windows.set(parent, raised);
+        }
+        max_over_windows
+    }
+}
+
+fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, TextModelError> {
+    let spec = specs
+        .remove(name)
+        .ok_or_else(|| invalid(format!("no head for {name}")))?;
+    if spec.w.len() != EMBEDDING_DIM {
+        return Err(invalid(format!(
+            "head {name} has {} weights, expected {EMBEDDING_DIM}",
+            spec.w.len()
+        )));
+    }
+    if !spec.b.is_finite() || spec.w.iter().any(|w| !w.is_finite()) {
+        return Err(invalid(format!("head {name} has a non-finite weight")));
+    }
+    Ok(Head {
+        w: spec.w,
+        b: spec.b,
+    })
+}
+
+fn category(name: &str) -> Result<Category, TextModelError> {
+    Category::parse(name).ok_or_else(|| invalid(format!("unknown category {name}")))
+}
+
+fn invalid(msg: String) -> TextModelError {
+    TextModelError::Invalid(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heads_json(minor_bias: f32, sexual_bias: f32) -> String {
+        let zero = vec![0.0f32; EMBEDDING_DIM];
+        let mut heads = serde_json::Map::new();
+        for c in Category::ALL {
+            if c != Category::SexualMinors {
+                let b = if c == Category::Sexual {
+                    sexual_bias
+                } else {
+                    -5.0
+                };
+                heads.insert(c.as_str().into(), serde_json::json!({"w": zero, "b": b}));
+            }
+        }
+        heads.insert(
+            "minor".into(),
+            serde_json::json!({"w": zero, "b": minor_bias}),
+        );
+        let thresholds: serde_json::Map<_, _> = Category::ALL
+            .iter()
+            .map(|c| (c.as_str().to_string(), serde_json::json!(0.4)))
+            .collect();
+        serde_json::json!({
+            "version": "test",
+            "input": "raw",
+            "window": {"tokens": 128, "stride": 96},
+            "heads": heads,
+            "thresholds": thresholds,
+            "parents": [["self-harm/intent", "self-harm"]],
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn sexual_minors_needs_both_signals() {
+        let emb = vec![0.0f32; EMBEDDING_DIM];
+        let both = Heads::parse(&heads_json(4.0, 4.0)).unwrap();
+        let s = both.compose(both.window_scores(&emb));
+        assert!(s.get(Category::SexualMinors) > 0.9);
+        let minor_only = Heads::parse(&heads_json(4.0, -4.0)).unwrap();
+        let s = minor_only.compose(minor_only.window_scores(&emb));
+        assert!(s.get(Category::SexualMinors) < 0.1);
+        let sexual_only = Heads::parse(&heads_json(-4.0, 4.0)).unwrap();
+        let s = sexual_only.compose(sexual_only.window_scores(&emb));
+        assert!(s.get(Category::SexualMinors) < 0.1);
+        assert!(s.get(Category::Sexual) > 0.9);
+    }
+
+    #[test]
+    fn parents_are_raised_to_their_children() {
+        let heads = Heads::parse(&heads_json(0.0, 0.0)).unwrap();
+        let mut raw = CategoryScores::default();
+        raw.set(Category::SelfHarmIntent, 0.8);
+        raw.set(Category::SelfHarm, 0.1);
+        let s = heads.compose(raw);
+        assert_eq!(s.get(Category::SelfHarm), 0.8);
+    }
+
+    #[test]
+    fn rejects_wrong_width_missing_heads_and_bad_thresholds() {
+        let good = heads_json(0.0, 0.0);
+        assert!(Heads::parse(&good).is_ok());
+        let short = good.replacen("\"b\":-5.0", "\"b\":-5.0,\"x\":1", 1);
+        assert!(Heads::parse(&short).is_ok(), "unknown fields are tolerated");
+        let no_minor: serde_json::Value = {
+            let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+            v["heads"].as_object_mut().unwrap().remove("minor");
+            v
+        };
+        assert!(Heads::parse(&no_minor.to_string()).is_err());
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        v["heads"]["hate"]["w"] = serde_json::json!([1.0, 2.0]);
+        assert!(Heads::parse(&v.to_string()).is_err());
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        v["thresholds"]["hate"] = serde_json::json!(1.5);
+        assert!(Heads::parse(&v.to_string()).is_err());
+    }
+}

@@ -1,0 +1,239 @@
+//! The trained text model end to end: the fetched MiniLM encoder with the
+//! shipped heads. Needs `models/minilm` (run `scripts/setup.sh`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use moderato::moderation::text_model::{EmbeddingClassifier, TextModelError, SHIPPED_HEADS_JSON};
+use moderato::moderation::{Category, CategoryScores, TextClassifier};
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("MODERATO_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+fn model() -> &'static EmbeddingClassifier {
+    static MODEL: OnceLock<EmbeddingClassifier> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        EmbeddingClassifier::load(&models_dir())
+            .unwrap_or_else(|e| panic!("text model did not load ({e}); run scripts/setup.sh"))
+    })
+}
+
+fn scores(text: &str) -> CategoryScores {
+    model().score_batch(&[text]).expect("scoring failed")[0]
+}
+
+/// The categories the shipped thresholds flag for `text`.
+fn flagged(text: &str) -> Vec<Category> {
+    let s = scores(text);
+    let decided = model().default_thresholds().decide(&s);
+    Category::ALL
+        .into_iter()
+        .filter(|c| decided[c.index()])
+        .collect()
+}
+
+fn assert_flags(text: &str, expected: Category) {
+    let f = flagged(text);
+    assert!(
+        f.contains(&expected),
+        "{text:?} should be flagged {expected}, got {f:?} ({:?})",
+        scores(text)
+    );
+}
+
+fn assert_clean(text: &str) {
+    let f = flagged(text);
+    assert!(
+        f.is_empty(),
+        "{text:?} should not be flagged, got {f:?} ({:?})",
+        scores(text)
+    );
+}
+
+#[test]
+fn flags_clear_examples_of_each_kind() {
+    assert_flags(
+        "I know where you live and tonight I am going to kill you.",
+        Category::HarassmentThreatening,
+    );
+    assert_flags(
+        "I want to end my life, I have the pills ready for tonight.",
+        Category::SelfHarm,
+    );
+    assert_flags(
+        "You are a worthless, disgusting idiot and everyone hates you.",
+        Category::Harassment,
+    );
+    assert_flags(
+        "Write me an explicit sex scene between two coworkers.",
+        Category::Sexual,
+    );
+    assert_flags(
+        "He ripped her stomach open and her guts spilled across the floor.",
+        Category::Violence,
+    );
+}
+
+// Counter-speech that quotes a slur-free stereotype ("claiming refugees are
+// all criminals is racist") still scores as hate: a known weakness of
+// embedding heads, reported in MODEL_CARD.md, so it is not asserted here.
+#[test]
+fn does_not_flag_hard_negatives() {
+    for text in [
+        "How do I kill a Python process that hangs on exit?",
+        "The film's violence was stylised and never gratuitous.",
+        "If you are having thoughts of suicide, please reach out to a crisis line.",
+        "Police said two people were injured in a shooting downtown on Tuesday.",
+        "Can you recommend a good recipe for banana bread?",
+    ] {
+        assert_clean(text);
+    }
+}
+
+#[test]
+fn a_word_split_across_items_is_caught_in_the_combined_text() {
+    // The engine also scores items joined with "\n" and with no separator.
+    let items = ["I know where you live and I will k", "ill you tonight"];
+    let joined_nl = items.join("\n");
+    let joined = items.concat();
+    let out = model()
+        .score_batch(&[items[0], items[1], &joined_nl, &joined])
+        .unwrap();
+    let t = model().default_thresholds();
+    let threat = Category::HarassmentThreatening;
+    assert!(
+        out[3].get(threat) >= t.get(threat),
+        "joined text not flagged: {:?}",
+        out[3]
+    );
+    assert!(out[3].get(threat) > out[1].get(threat));
+}
+
+#[test]
+fn a_threat_in_the_middle_of_a_long_benign_text_is_found() {
+    let filler = "The committee met on Tuesday to review the budget for the new library wing, \
+                  and members discussed opening hours, shelving and the children's reading room. ";
+    let benign = filler.repeat(40);
+    let threat = "I know where you live and I am going to kill you and your family. ";
+    let mixed = format!("{}{}{}", filler.repeat(20), threat, filler.repeat(20));
+    let out = model().score_batch(&[&benign, &mixed]).unwrap();
+    let t = model().default_thresholds();
+    let c = Category::HarassmentThreatening;
+    assert!(out[1].get(c) >= t.get(c), "threat diluted: {:?}", out[1]);
+    assert!(
+        out[0].get(c) < t.get(c),
+        "benign long text flagged: {:?}",
+        out[0]
+    );
+}
+
+#[test]
+fn batched_scores_match_single_scores_and_keep_order() {
+    let texts = [
+        "",
+        "hello there",
+        "I will hurt you badly",
+        &"word ".repeat(600),
+    ];
+    let batched = model().score_batch(&texts).unwrap();
+    assert_eq!(batched.len(), texts.len());
+    for (text, b) in texts.iter().zip(&batched) {
+        let single = scores(text);
+        for c in Category::ALL {
+            assert!(
+                (single.get(c) - b.get(c)).abs() < 1e-3,
+                "{text:?} {c}: {} vs {}",
+                single.get(c),
+                b.get(c)
+            );
+        }
+    }
+}
+
+#[test]
+fn shipped_thresholds_are_loaded_and_model_id_names_the_version() {
+    let heads: serde_json::Value = serde_json::from_str(SHIPPED_HEADS_JSON).unwrap();
+    let t = model().default_thresholds();
+    for c in Category::ALL {
+        let expected = heads["thresholds"][c.as_str()].as_f64().unwrap() as f32;
+        assert_eq!(t.get(c), expected, "{c}");
+    }
+    assert_eq!(
+        model().model_id(),
+        format!("minilm-l6-heads-{}", heads["version"].as_str().unwrap())
+    );
+}
+
+/// A models dir whose minilm/ links the real files, except `replaced`.
+fn models_copy(replaced: Option<(&str, &[u8])>, missing: Option<&str>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let minilm = dir.path().join("minilm");
+    std::fs::create_dir(&minilm).unwrap();
+    for name in ["config.json", "tokenizer.json", "model.safetensors"] {
+        if Some(name) == missing {
+            continue;
+        }
+        match replaced {
+            Some((r, bytes)) if r == name => std::fs::write(minilm.join(name), bytes).unwrap(),
+            _ => std::os::unix::fs::symlink(
+                models_dir().join("minilm").join(name),
+                minilm.join(name),
+            )
+            .unwrap(),
+        }
+    }
+    dir
+}
+
+#[test]
+fn a_missing_file_names_it_and_says_to_run_setup() {
+    model(); // the real files must exist for this test to mean anything
+    let dir = models_copy(None, Some("model.safetensors"));
+    let err = EmbeddingClassifier::load(dir.path())
+        .err()
+        .expect("load should fail");
+    assert!(matches!(err, TextModelError::MissingFile { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("scripts/setup.sh"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_corrupt_file_is_a_checksum_mismatch() {
+    model();
+    let mut config = std::fs::read(models_dir().join("minilm/config.json")).unwrap();
+    config[10] ^= 1;
+    let dir = models_copy(Some(("config.json", &config)), None);
+    let err = EmbeddingClassifier::load(dir.path())
+        .err()
+        .expect("load should fail");
+    assert!(
+        matches!(err, TextModelError::ChecksumMismatch { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn evasion_variants_score_like_the_plain_text() {
+    let plain = scores("I will kill you").get(Category::HarassmentThreatening);
+    for variant in [
+        "I will k i l l you",
+        "I will k.i.l.l you",
+        "I will k1ll you",
+        "I will kiiiill you",
+        "I will k\u{200B}ill you",
+    ] {
+        let s = scores(variant).get(Category::HarassmentThreatening);
+        assert!(s >= plain * 0.9, "{variant:?}: {s} vs plain {plain}");
+    }
+    assert_flags(
+        "I want to commit s.u.i.c.i.d.e tonight, I have the pills",
+        Category::SelfHarm,
+    );
+}

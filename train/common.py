@@ -1,0 +1,172 @@
+"""Shared helpers: categories, dataset paths, and embedding through the Rust
+`embed` example so that training, evaluation and serving see the same vectors."""
+
+import hashlib
+import json
+import os
+import re
+import pickle
+import subprocess
+import sys
+import tempfile
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = Path(os.environ.get("MODERATO_DATASETS", "/work/shared/datasets"))
+WORK = ROOT / "train" / "out"  # git-ignored scratch: prepared data, embedding cache
+HEADS_PATH = ROOT / "assets" / "text-model" / "heads.json"
+
+CATEGORIES = [
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+]
+# Learnt heads: every category but sexual/minors (composed), plus the minor signal.
+HEADS = [c for c in CATEGORIES if c != "sexual/minors"] + ["minor"]
+# (child, parent): the parent score is raised to the child's.
+PARENTS = [
+    ["harassment/threatening", "harassment"],
+    ["hate/threatening", "hate"],
+    ["self-harm/intent", "self-harm"],
+    ["self-harm/instructions", "self-harm"],
+    ["violence/graphic", "violence"],
+]
+DIM = 384
+
+
+def dedup_key(text: str) -> str:
+    """Normalised form for exact-duplicate matching across sets."""
+    t = unicodedata.normalize("NFKC", text).lower()
+    t = re.sub(r"@\w+|https?://\S+|&amp;|\brt\b", " ", t)
+    t = re.sub(r"[^a-z0-9]+", " ", t)
+    return t.strip()
+
+
+def embed_bin() -> Path:
+    return ROOT / "target" / "debug" / "examples" / "embed"
+
+
+def heads_template(input_kind: str, tokens: int, stride: int) -> dict:
+    """A heads file with untrained weights, used only to tell `embed` the input form and windows."""
+    return {
+        "version": "template",
+        "input": input_kind,
+        "window": {"tokens": tokens, "stride": stride},
+        "heads": {h: {"w": [0.0] * DIM, "b": 0.0} for h in HEADS},
+        "thresholds": {c: 0.5 for c in CATEGORIES},
+        "parents": PARENTS,
+    }
+
+
+# Stores made before a change of the embedding views, still valid for short texts.
+REUSE_SHORT = {"eval2": "eval"}
+PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
+
+
+def _store_path(config: dict, namespace: str) -> Path:
+    key = {k: config[k] for k in ("input", "window")}
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    prefix = "store" if namespace == "train" else f"store-{namespace}"
+    return WORK / "cache" / f"{prefix}-{h}.pkl"
+
+
+def _text_key(t: str) -> str:
+    return hashlib.sha256(t.encode("utf-8", "replace")).hexdigest()
+
+
+def load_store(config: dict, namespace: str = "train") -> dict:
+    path = _store_path(config, namespace)
+    if path.exists():
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    return {}
+
+
+def save_store(config: dict, store: dict, namespace: str = "train"):
+    path = _store_path(config, namespace)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(store, f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)
+
+
+def _run_embed(texts, config: dict):
+    """Per text, its (windows, 384) embeddings, computed by the Rust example."""
+    with tempfile.TemporaryDirectory() as d:
+        jsonl, prefix, heads = Path(d) / "in.jsonl", Path(d) / "out", Path(d) / "heads.json"
+        with open(jsonl, "w") as f:
+            for t in texts:
+                f.write(json.dumps({"text": t}) + "\n")
+        heads.write_text(json.dumps(config))
+        subprocess.run([str(embed_bin()), str(jsonl), str(prefix), str(heads)], check=True, cwd=ROOT)
+        vecs = np.fromfile(prefix.with_suffix(".f32"), dtype="<f4").reshape(-1, DIM)
+        idx = np.fromfile(prefix.with_suffix(".idx"), dtype="<u4").astype(np.int64)
+    return [vecs[idx == i] for i in range(len(texts))]
+
+
+def embed_texts(texts, config: dict, label: str = "", namespace: str = "train"):
+    """Window embeddings of `texts`: (rows, 384) float32 and the text index of
+    each row. Embeddings are stored per text (keyed by input form and windows)
+    under train/out/cache, so only texts never seen are embedded."""
+    store = load_store(config, namespace)
+    if namespace in REUSE_SHORT:
+        # Texts of at most 64 characters have at most 64 tokens, so the
+        # sentence view added since REUSE_SHORT[namespace] cannot apply.
+        older = load_store(config, REUSE_SHORT[namespace])
+        for t in texts:
+            k = _text_key(t)
+            if k not in store and len(t) <= 64 and k in older:
+                store[k] = older[k]
+    missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
+    for start in range(0, len(missing), PIECE):
+        piece = missing[start:start + PIECE]
+        print(f"embed {label}: {start}/{len(missing)} new texts", file=sys.stderr)
+        for t, e in zip(piece, _run_embed(piece, config)):
+            store[_text_key(t)] = e
+        save_store(config, store, namespace)
+    parts = [store[_text_key(t)] for t in texts]
+    vecs = np.concatenate(parts) if parts else np.zeros((0, DIM), np.float32)
+    idx = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]) if parts else np.zeros(0, np.int64)
+    return vecs.astype(np.float32), idx.astype(np.int64)
+
+
+def text_level_mean(vecs, idx, n):
+    """One vector per text (mean of its windows) for training."""
+    out = np.zeros((n, DIM), dtype=np.float32)
+    counts = np.bincount(idx, minlength=n).astype(np.float32)
+    np.add.at(out, idx, vecs)
+    out /= np.maximum(counts, 1)[:, None]
+    return out
+
+
+def apply_heads(heads: dict, vecs, idx, n):
+    """Scores per text exactly as the Rust classifier computes them:
+    per-window sigmoid heads, max over windows, then composition."""
+    names = [c for c in CATEGORIES]
+    W = np.zeros((len(names), DIM), dtype=np.float32)
+    b = np.zeros(len(names), dtype=np.float32)
+    for i, c in enumerate(names):
+        spec = heads["heads"]["minor" if c == "sexual/minors" else c]
+        W[i] = spec["w"]
+        b[i] = spec["b"]
+    p = 1.0 / (1.0 + np.exp(-(vecs @ W.T + b)))
+    out = np.zeros((n, len(names)), dtype=np.float32)
+    np.maximum.at(out, idx, p)
+    si, mi = names.index("sexual"), names.index("sexual/minors")
+    out[:, mi] = np.minimum(out[:, si], out[:, mi])
+    for child, parent in heads.get("parents", []):
+        ci, pi = names.index(child), names.index(parent)
+        out[:, pi] = np.maximum(out[:, pi], out[:, ci])
+    return out

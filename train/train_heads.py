@@ -1,0 +1,136 @@
+"""Trains the per-category heads on MiniLM embeddings and writes
+assets/text-model/heads.json.
+
+Per head: logistic regression (class-balanced, C picked on the calibration
+split), Platt scaling fitted on the calibration split and folded into the
+weights, then a threshold per category: the lowest score whose precision on
+the calibration split reaches TARGET_PRECISION, never below FLOOR (the best-F1
+threshold when no threshold reaches the target)."""
+
+import datetime
+import json
+import sys
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score, precision_recall_curve
+
+from common import CATEGORIES, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, dedup_key, embed_texts, heads_template, text_level_mean
+import eval_sets
+
+INPUT = "raw"  # the form the heads are trained on
+# Served: raw, plus the de-obfuscated form when it differs (see text_model::model_inputs).
+SHIPPED_INPUT = "both"
+WINDOW_TOKENS, WINDOW_STRIDE = 256, 192
+TARGET_PRECISION = 0.8
+FLOOR, CEILING = 0.5, 0.9  # never flag below even odds: calibration splits are small
+NEAR_DUP_COSINE = 0.9
+C_GRID = (0.5, 2.0, 8.0)
+
+
+def config():
+    return heads_template(INPUT, WINDOW_TOKENS, WINDOW_STRIDE)
+
+
+def load_rows():
+    rows = [json.loads(line) for line in open(WORK / "dataset.jsonl", encoding="utf-8")]
+    vecs, idx = embed_texts([r["text"] for r in rows], config(), "train")
+    X = text_level_mean(vecs, idx, len(rows))
+    return rows, X
+
+
+def drop_near_duplicates(rows):
+    """Drops training texts whose character 3-5-gram TF-IDF cosine to any
+    evaluation text reaches NEAR_DUP_COSINE (exact duplicates were dropped
+    by prepare.py)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    eval_texts = [dedup_key(t) for _, (_, texts, _) in eval_sets.load_all().items() for t in texts]
+    train_texts = [dedup_key(r["text"]) for r in rows]
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=1, sublinear_tf=True)
+    vec.fit(train_texts + eval_texts)
+    A, B = vec.transform(train_texts), vec.transform(eval_texts).T.tocsc()
+    keep = np.ones(len(rows), dtype=bool)
+    for start in range(0, len(rows), 1000):
+        sims = (A[start:start + 1000] @ B).max(axis=1).toarray().ravel()
+        keep[start:start + 1000] = sims < NEAR_DUP_COSINE
+    return keep
+
+
+def fit_head(Xtr, ytr, Xcal, ycal):
+    best = None
+    for C in C_GRID:
+        lr = LogisticRegression(C=C, class_weight="balanced", max_iter=3000)
+        lr.fit(Xtr, ytr)
+        z = Xcal @ lr.coef_[0] + lr.intercept_[0]
+        ap = average_precision_score(ycal, z) if ycal.sum() > 0 else 0.0
+        if best is None or ap > best[0]:
+            best = (ap, C, lr.coef_[0].copy(), float(lr.intercept_[0]), z)
+    ap, C, w, b, z = best
+    platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[:, None], ycal)
+    a, c = float(platt.coef_[0][0]), float(platt.intercept_[0])
+    return {"w": (a * w).astype(np.float32).tolist(), "b": a * b + c}, C, ap
+
+
+def pick_threshold(y, p):
+    if y.sum() == 0:
+        return 0.5
+    prec, rec, thr = precision_recall_curve(y, p)
+    ok = [t for pr, t in zip(prec[:-1], thr) if pr >= TARGET_PRECISION and t >= FLOOR]
+    if ok:
+        t = min(ok)
+    else:
+        f1 = 2 * prec[:-1] * rec[:-1] / np.maximum(prec[:-1] + rec[:-1], 1e-9)
+        t = float(thr[int(np.argmax(f1))])
+    return float(min(max(t, FLOOR), CEILING))
+
+
+def main():
+    rows, X = load_rows()
+    keep = drop_near_duplicates(rows)
+    print(f"train: dropped {int((~keep).sum())} near-duplicates of evaluation texts", file=sys.stderr)
+    rows = [r for r, k in zip(rows, keep) if k]
+    X = X[keep]
+    split = np.array([r["split"] for r in rows])
+
+    heads, report = {}, {}
+    for h in HEADS:
+        lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
+        known = ~np.isnan(lab)
+        tr, cal = known & (split == "train"), known & (split == "calib")
+        spec, C, ap = fit_head(X[tr], lab[tr].astype(int), X[cal], lab[cal].astype(int))
+        heads[h] = spec
+        report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
+        print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
+
+    out = {
+        "version": datetime.date.today().isoformat() + ".1",
+        "input": SHIPPED_INPUT,
+        "window": {"tokens": WINDOW_TOKENS, "stride": WINDOW_STRIDE},
+        "heads": heads,
+        "thresholds": {c: 0.5 for c in CATEGORIES},
+        "parents": PARENTS,
+    }
+    # Thresholds on the composed calibration scores (what serving outputs).
+    cal_idx = np.where(split == "calib")[0]
+    P = apply_heads(out, X[cal_idx], np.arange(len(cal_idx)), len(cal_idx))
+    for i, c in enumerate(CATEGORIES):
+        if c == "sexual/minors":
+            continue
+        lab = np.array([np.nan if rows[j]["labels"][c] is None else rows[j]["labels"][c] for j in cal_idx], dtype=float)
+        known = ~np.isnan(lab)
+        out["thresholds"][c] = round(pick_threshold(lab[known].astype(int), P[known, i]), 4)
+    # No sexual/minors data exists (by design): it inherits the sexual threshold.
+    out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
+    for h in heads:
+        heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
+        heads[h]["b"] = round(heads[h]["b"], 6)
+    HEADS_PATH.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+    (WORK / "train_report.json").write_text(json.dumps({"heads": report, "thresholds": out["thresholds"]}, indent=1))
+    np.save(WORK / "kept_mask.npy", keep)
+    print("train: thresholds", out["thresholds"], file=sys.stderr)
+    print(f"train: wrote {HEADS_PATH}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
