@@ -187,9 +187,11 @@ fn text_classifier(
     }
     let loaded: Arc<dyn TextClassifier> = match kind {
         TextClassifierKind::Null => Arc::new(moderation::null::NullClassifier),
-        TextClassifierKind::Lexical | TextClassifierKind::Minilm => {
-            Arc::new(moderation::null::NullClassifier)
-        }
+        TextClassifierKind::Lexical => Arc::new(moderation::LexicalClassifier::new()),
+        TextClassifierKind::Minilm => Arc::new(
+            moderation::text_model::EmbeddingClassifier::load(models_dir)
+                .context("loading the text model (run scripts/setup.sh to fetch its files)")?,
+        ),
     };
     cache
         .lock()

@@ -384,3 +384,44 @@ async fn storage_unreachable_is_503_then_recovers() {
     }
     assert!(recovered, "the service recovers once the database is back");
 }
+
+/// The text model over HTTP: a threat split across items (even inside a
+/// word) is caught by `combined_text`; the parts alone are harmless; an
+/// alarming word in a harmless question is not flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn combined_text_catches_what_only_shows_across_items() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let threat_categories = ["violence", "harassment/threatening", "harassment"];
+    let flagged_threat = |verdict: &Value| {
+        threat_categories
+            .iter()
+            .any(|c| verdict["categories"][c] == true)
+    };
+
+    let split = json!({"input": [
+        {"type": "text", "text": "I know where you live and tonight I am going to ki"},
+        {"type": "text", "text": "ll you"},
+    ]});
+    let (status, _, body) = parts(app.moderate(&key, &split).await).await;
+    assert_eq!(status, 200);
+    assert!(flagged_threat(&body["combined_text"]), "{body}");
+    assert_eq!(
+        body["combined_text"]["categories"]["violence"], true,
+        "{body}"
+    );
+    assert_eq!(body["flagged"], true);
+    for part in 0..2 {
+        assert_eq!(
+            body["results"][part]["categories"]["violence"], false,
+            "the violence shows only across items: {body}"
+        );
+    }
+
+    let (_, _, body) = parts(
+        app.moderate_text(&key, "How do I kill a Python process that hangs?")
+            .await,
+    )
+    .await;
+    assert_eq!(body["flagged"], false, "{body}");
+}
