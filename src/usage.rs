@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{KeyId, Store, StoreError, UsageEvent};
+use crate::store::{Store, StoreError, UsageEvent};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -158,64 +157,6 @@ async fn write_with_retry(
     }
 }
 
-/// The on-disk form of a spilled event.
-#[derive(Serialize, Deserialize)]
-struct SpilledEvent {
-    request_id: String,
-    key_id: String,
-    at: chrono::DateTime<chrono::Utc>,
-    status: u16,
-    text_items: u32,
-    text_chars: u64,
-    image_items: u32,
-    image_bytes: u64,
-    deep_analyses: u32,
-    flagged: bool,
-    rate_limited: bool,
-    billable: bool,
-    latency_ms: u32,
-}
-
-impl From<&UsageEvent> for SpilledEvent {
-    fn from(e: &UsageEvent) -> Self {
-        SpilledEvent {
-            request_id: e.request_id.clone(),
-            key_id: e.key_id.to_string(),
-            at: e.at,
-            status: e.status,
-            text_items: e.text_items,
-            text_chars: e.text_chars,
-            image_items: e.image_items,
-            image_bytes: e.image_bytes,
-            deep_analyses: e.deep_analyses,
-            flagged: e.flagged,
-            rate_limited: e.rate_limited,
-            billable: e.billable,
-            latency_ms: e.latency_ms,
-        }
-    }
-}
-
-impl SpilledEvent {
-    fn into_event(self) -> Option<UsageEvent> {
-        Some(UsageEvent {
-            key_id: KeyId::parse(&self.key_id)?,
-            request_id: self.request_id,
-            at: self.at,
-            status: self.status,
-            text_items: self.text_items,
-            text_chars: self.text_chars,
-            image_items: self.image_items,
-            image_bytes: self.image_bytes,
-            deep_analyses: self.deep_analyses,
-            flagged: self.flagged,
-            rate_limited: self.rate_limited,
-            billable: self.billable,
-            latency_ms: self.latency_ms,
-        })
-    }
-}
-
 fn spill(dir: &Path, events: &[UsageEvent]) {
     if events.is_empty() {
         return;
@@ -226,7 +167,7 @@ fn spill(dir: &Path, events: &[UsageEvent]) {
     ));
     let lines: String = events
         .iter()
-        .filter_map(|e| serde_json::to_string(&SpilledEvent::from(e)).ok())
+        .filter_map(|e| serde_json::to_string(e).ok())
         .map(|line| line + "\n")
         .collect();
     let written = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, lines));
@@ -264,8 +205,7 @@ pub async fn load_spilled(
         };
         let events: Vec<UsageEvent> = text
             .lines()
-            .filter_map(|line| serde_json::from_str::<SpilledEvent>(line).ok())
-            .filter_map(SpilledEvent::into_event)
+            .filter_map(|line| serde_json::from_str::<UsageEvent>(line).ok())
             .collect();
         for chunk in events.chunks(500) {
             store.insert_usage(chunk).await?;
@@ -276,4 +216,61 @@ pub async fn load_spilled(
         }
     }
     Ok(loaded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ApiKeyRecord, KeyId, Tier};
+
+    fn event(key: &KeyId, n: u32) -> UsageEvent {
+        UsageEvent {
+            request_id: format!("modr_{n}"),
+            key_id: key.clone(),
+            at: chrono::Utc::now(),
+            status: 200,
+            text_items: n,
+            text_chars: 10,
+            image_items: 0,
+            image_bytes: 0,
+            deep_analyses: 0,
+            flagged: false,
+            rate_limited: false,
+            billable: true,
+            latency_ms: 3,
+        }
+    }
+
+    #[tokio::test]
+    async fn spilled_events_are_stored_at_the_next_start_and_their_file_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+        let store = crate::store::connect(&url).await.unwrap();
+        let key = KeyId::parse("00112233445566ff").unwrap();
+        store
+            .insert_key(&ApiKeyRecord {
+                id: key.clone(),
+                name: "k".into(),
+                tier: Tier::Free,
+                custom_rpm: None,
+                secret_hash: vec![0; 32],
+                created_at: chrono::Utc::now(),
+                revoked_at: None,
+            })
+            .await
+            .unwrap();
+        let events: Vec<UsageEvent> = (1..=3).map(|n| event(&key, n)).collect();
+        spill(dir.path(), &events);
+        assert_eq!(load_spilled(store.as_ref(), dir.path()).await.unwrap(), 3);
+        let stored = store.usage_events(Some(&key)).await.unwrap();
+        assert_eq!(
+            stored.iter().map(|e| e.text_items).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert_eq!(
+            load_spilled(store.as_ref(), dir.path()).await.unwrap(),
+            0,
+            "the file is gone"
+        );
+    }
 }

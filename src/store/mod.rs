@@ -110,8 +110,9 @@ pub struct ApiKeyRecord {
 }
 
 /// One metered request, authenticated. Written in batches; `request_id` is
-/// unique so that a retried batch never counts a request twice.
-#[derive(Clone, Debug, PartialEq)]
+/// unique so that a retried batch never counts a request twice. Serialisable
+/// for the spill file written when the database is away at shutdown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UsageEvent {
     pub request_id: String,
     pub key_id: KeyId,
