@@ -31,9 +31,15 @@ const MAX_BINDS: usize = 32_766;
 const USAGE_COLUMN_COUNT: usize = 13;
 const ROWS_PER_INSERT: usize = MAX_BINDS / USAGE_COLUMN_COUNT;
 
-/// Runs of the migrator before giving up, and the delay step between them.
-const MIGRATE_ATTEMPTS: u32 = 4;
-const MIGRATE_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// How long opening and migrating a database keeps retrying while another
+/// process holds it (creating or migrating the same new file): SQLite
+/// answers BUSY at once, without waiting, when a transaction that has read
+/// must write after another one committed, so the busy timeout alone does
+/// not cover start-up races.
+const OPEN_RETRY_WINDOW: Duration = Duration::from_secs(10);
+/// First delay between retries; it doubles up to [`MAX_RETRY_DELAY`].
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
+const MAX_RETRY_DELAY: Duration = Duration::from_millis(800);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -74,10 +80,14 @@ impl SqliteStore {
                 .idle_timeout(None)
                 .max_lifetime(None);
         }
-        let pool = pool_options
-            .connect_with(options)
-            .await
-            .map_err(|e| redact_error(map_sqlx(e), url))?;
+        let mut retry = StartupRetry::new();
+        let pool = loop {
+            match pool_options.clone().connect_with(options.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && retry.wait().await => {}
+                Err(e) => return Err(redact_error(map_sqlx(e), url)),
+            }
+        };
         Ok(SqliteStore { pool })
     }
 
@@ -85,6 +95,42 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+}
+
+/// Bounded back-off for the start-up races of several processes opening
+/// one new database file.
+struct StartupRetry {
+    deadline: tokio::time::Instant,
+    delay: Duration,
+}
+
+impl StartupRetry {
+    fn new() -> StartupRetry {
+        StartupRetry {
+            deadline: tokio::time::Instant::now() + OPEN_RETRY_WINDOW,
+            delay: FIRST_RETRY_DELAY,
+        }
+    }
+
+    /// Sleeps before the next attempt; false when the window is spent.
+    async fn wait(&mut self) -> bool {
+        if tokio::time::Instant::now() + self.delay > self.deadline {
+            return false;
+        }
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
+        true
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, extended codes included.
+fn is_busy(err: &sqlx::Error) -> bool {
+    let code = match err {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    };
+    code.and_then(|c| c.parse::<u32>().ok())
+        .is_some_and(|n| matches!(n & 0xff, 5 | 6))
 }
 
 /// sqlx names in-memory databases `:memory:` or `file:sqlx-in-memory-N`.
@@ -123,19 +169,15 @@ fn parse_day(s: &str) -> Result<NaiveDate, StoreError> {
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         // sqlx takes no lock around SQLite migrations: when two processes
-        // open a new file at once, the loser fails ("table already exists")
-        // once the winner commits. Each migration is one transaction, so a
-        // rerun then finds it applied.
-        let mut attempt = 1;
+        // open a new file at once, the loser fails ("table already exists",
+        // or BUSY) once the winner commits. Each migration is one
+        // transaction, so a rerun then finds it applied.
+        let mut retry = StartupRetry::new();
         loop {
             match MIGRATOR.run(&self.pool).await {
                 Ok(()) => return Ok(()),
                 Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
-                    if attempt < MIGRATE_ATTEMPTS =>
-                {
-                    tokio::time::sleep(MIGRATE_RETRY_DELAY * attempt).await;
-                    attempt += 1;
-                }
+                    if retry.wait().await => {}
                 Err(e) => return Err(map_migrate(e)),
             }
         }
