@@ -12,7 +12,7 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet -r train/requirements.txt
-cargo build --quiet --example embed
+cargo build --quiet --example embed --example lexical_features
 
 cd train
 [[ -f out/dataset.jsonl ]] || ../.venv/bin/python prepare.py

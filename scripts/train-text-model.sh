@@ -15,7 +15,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/pip install --quiet -r train/requirements.txt
 
-cargo build --quiet --example embed
+cargo build --quiet --example embed --example lexical_features
 
 cd train
 ../.venv/bin/python prepare.py

@@ -43,6 +43,10 @@ PARENTS = [
     ["violence/graphic", "violence"],
 ]
 DIM = 384
+# Lexical features appended to the embedding by the heads: the lexical layer's
+# 11 category scores (CATEGORIES order) and its minor signal, computed on the
+# whole text by the Rust `lexical_features` example (as served).
+LEX_DIM = len(CATEGORIES) + 1
 
 
 def dedup_key(text: str) -> str:
@@ -57,13 +61,29 @@ def embed_bin() -> Path:
     return ROOT / "target" / "debug" / "examples" / "embed"
 
 
+def lexical_bin() -> Path:
+    return ROOT / "target" / "debug" / "examples" / "lexical_features"
+
+
+def lexical_features(texts) -> np.ndarray:
+    """(len(texts), LEX_DIM) lexical features, computed by the Rust example
+    with the same code that serves (microseconds a text: not cached)."""
+    with tempfile.TemporaryDirectory() as d:
+        jsonl, out = Path(d) / "in.jsonl", Path(d) / "out.lex"
+        with open(jsonl, "w") as f:
+            for t in texts:
+                f.write(json.dumps({"text": t}) + "\n")
+        subprocess.run([str(lexical_bin()), str(jsonl), str(out)], check=True, cwd=ROOT)
+        return np.fromfile(out, dtype="<f4").reshape(-1, LEX_DIM)
+
+
 def heads_template(input_kind: str, tokens: int, stride: int) -> dict:
     """A heads file with untrained weights, used only to tell `embed` the input form and windows."""
     return {
         "version": "template",
         "input": input_kind,
         "window": {"tokens": tokens, "stride": stride},
-        "heads": {h: {"w": [0.0] * DIM, "b": 0.0} for h in HEADS},
+        "heads": {h: {"w": [0.0] * DIM, "lex": [0.0] * LEX_DIM, "b": 0.0} for h in HEADS},
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
     }
@@ -151,17 +171,25 @@ def text_level_mean(vecs, idx, n):
     return out
 
 
-def apply_heads(heads: dict, vecs, idx, n):
+def apply_heads(heads: dict, vecs, idx, n, lex=None):
     """Scores per text exactly as the Rust classifier computes them:
-    per-window sigmoid heads, max over windows, then composition."""
+    per-window sigmoid heads (embedding and the text's lexical features),
+    max over windows, then composition."""
     names = [c for c in CATEGORIES]
     W = np.zeros((len(names), DIM), dtype=np.float32)
+    U = np.zeros((len(names), LEX_DIM), dtype=np.float32)
     b = np.zeros(len(names), dtype=np.float32)
     for i, c in enumerate(names):
         spec = heads["heads"]["minor" if c == "sexual/minors" else c]
         W[i] = spec["w"]
+        U[i] = spec.get("lex") or [0.0] * LEX_DIM
         b[i] = spec["b"]
-    p = 1.0 / (1.0 + np.exp(-(vecs @ W.T + b)))
+    z = vecs @ W.T + b
+    if lex is not None:
+        z = z + (lex @ U.T)[idx]
+    elif U.any():
+        raise ValueError("these heads read lexical features: pass lex")
+    p = 1.0 / (1.0 + np.exp(-z))
     out = np.zeros((n, len(names)), dtype=np.float32)
     np.maximum.at(out, idx, p)
     si, mi = names.index("sexual"), names.index("sexual/minors")

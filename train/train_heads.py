@@ -9,13 +9,14 @@ threshold when no threshold reaches the target)."""
 
 import datetime
 import json
+import os
 import sys
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, dedup_key, embed_texts, heads_template, text_level_mean
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -33,10 +34,17 @@ def config():
 
 
 def load_rows():
+    """Rows, the per-text features (mean window embedding, then the lexical
+    features), and the lexical features alone. MODERATO_NO_LEXICAL=1 zeroes
+    the lexical features (heads on the embedding alone, for comparison)."""
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl", encoding="utf-8")]
-    vecs, idx = embed_texts([r["text"] for r in rows], config(), "train")
-    X = text_level_mean(vecs, idx, len(rows))
-    return rows, X
+    texts = [r["text"] for r in rows]
+    vecs, idx = embed_texts(texts, config(), "train")
+    lex = lexical_features(texts)
+    if os.environ.get("MODERATO_NO_LEXICAL") == "1":
+        lex = np.zeros_like(lex)
+    X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
+    return rows, X, lex
 
 
 def drop_near_duplicates(rows):
@@ -69,7 +77,8 @@ def fit_head(Xtr, ytr, Xcal, ycal):
     ap, C, w, b, z = best
     platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[:, None], ycal)
     a, c = float(platt.coef_[0][0]), float(platt.intercept_[0])
-    return {"w": (a * w).astype(np.float32).tolist(), "b": a * b + c}, C, ap
+    w = (a * w).astype(np.float32)
+    return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap
 
 
 def pick_threshold(y, p):
@@ -86,11 +95,11 @@ def pick_threshold(y, p):
 
 
 def main():
-    rows, X = load_rows()
+    rows, X, lex = load_rows()
     keep = drop_near_duplicates(rows)
     print(f"train: dropped {int((~keep).sum())} near-duplicates of evaluation texts", file=sys.stderr)
     rows = [r for r, k in zip(rows, keep) if k]
-    X = X[keep]
+    X, lex = X[keep], lex[keep]
     split = np.array([r["split"] for r in rows])
 
     heads, report = {}, {}
@@ -113,7 +122,7 @@ def main():
     }
     # Thresholds on the composed calibration scores (what serving outputs).
     cal_idx = np.where(split == "calib")[0]
-    P = apply_heads(out, X[cal_idx], np.arange(len(cal_idx)), len(cal_idx))
+    P = apply_heads(out, X[cal_idx, :DIM], np.arange(len(cal_idx)), len(cal_idx), lex[cal_idx])
     for i, c in enumerate(CATEGORIES):
         if c == "sexual/minors":
             continue
@@ -124,6 +133,7 @@ def main():
     out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
     for h in heads:
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
+        heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]
         heads[h]["b"] = round(heads[h]["b"], 6)
     HEADS_PATH.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     (WORK / "train_report.json").write_text(json.dumps({"heads": report, "thresholds": out["thresholds"]}, indent=1))

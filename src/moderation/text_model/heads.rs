@@ -1,6 +1,6 @@
 //! The per-category heads: calibrated logistic regressions on the sentence
-//! embedding, trained by `train/train_heads.py` and shipped as
-//! `assets/text-model/heads.json`.
+//! embedding and the lexical layer's features, trained by
+//! `train/train_heads.py` and shipped as `assets/text-model/heads.json`.
 //!
 //! `sexual/minors` has no head of its own (it is never learnt from examples):
 //! it is the smaller of the `sexual` score and the score of the `minor` head,
@@ -12,7 +12,37 @@ use serde::Deserialize;
 
 use super::encoder::{WindowConfig, EMBEDDING_DIM};
 use super::TextModelError;
-use crate::moderation::category::{Category, CategoryScores, Thresholds};
+use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
+use crate::moderation::lexical::LexicalClassifier;
+use crate::moderation::normalize::normalize;
+
+/// How many lexical features a head reads: the lexical layer's score of
+/// every category, then its minor signal.
+pub const LEXICAL_FEATURES: usize = NUM_CATEGORIES + 1;
+
+/// The lexical layer's view of a whole text, read by every window's heads:
+/// term lists catch spellings and slurs that the encoder's vocabulary
+/// blurs, and the embedding supplies the context the term lists lack.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LexicalFeatures([f32; LEXICAL_FEATURES]);
+
+impl LexicalFeatures {
+    /// The features of `text` as received (the lexical layer normalises it).
+    pub fn of(lexical: &LexicalClassifier, text: &str) -> LexicalFeatures {
+        let normalized = normalize(text);
+        let scores = lexical.features(&normalized);
+        let mut values = [0.0; LEXICAL_FEATURES];
+        for c in Category::ALL {
+            values[c.index()] = scores.get(c);
+        }
+        values[NUM_CATEGORIES] = lexical.minor_signal(&normalized);
+        LexicalFeatures(values)
+    }
+
+    pub fn values(&self) -> &[f32; LEXICAL_FEATURES] {
+        &self.0
+    }
+}
 
 /// Name of the head that detects a minor being mentioned.
 const MINOR_HEAD: &str = "minor";
@@ -37,6 +67,10 @@ struct WindowSpec {
 #[derive(Deserialize)]
 struct HeadSpec {
     w: Vec<f32>,
+    /// Weights of the [`LexicalFeatures`]; absent in heads trained on the
+    /// embedding alone.
+    #[serde(default)]
+    lex: Option<Vec<f32>>,
     b: f32,
 }
 
@@ -53,23 +87,22 @@ pub enum InputKind {
     Both,
 }
 
-/// One logistic head whose Platt calibration is folded into `w` and `b`.
+/// One logistic head whose Platt calibration is folded into `w`, `lex` and `b`.
 struct Head {
     w: Vec<f32>,
+    lex: [f32; LEXICAL_FEATURES],
     b: f32,
 }
 
 impl Head {
-    fn probability(&self, embedding: &[f32]) -> f32 {
-        let z: f32 = self
-            .w
-            .iter()
-            .zip(embedding)
-            .map(|(w, x)| w * x)
-            .sum::<f32>()
-            + self.b;
+    fn probability(&self, embedding: &[f32], lexical: &LexicalFeatures) -> f32 {
+        let z = dot(&self.w, embedding) + dot(&self.lex, &lexical.0) + self.b;
         1.0 / (1.0 + (-z).exp())
     }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 pub struct Heads {
@@ -138,14 +171,15 @@ impl Heads {
         self.thresholds
     }
 
-    /// Head probabilities for one window: the learnt categories, plus the
-    /// minor signal stored in the `sexual/minors` slot until [`Heads::compose`].
-    pub fn window_scores(&self, embedding: &[f32]) -> CategoryScores {
+    /// Head probabilities for one window of a text whose lexical features
+    /// are `lexical`: the learnt categories, plus the minor signal stored in
+    /// the `sexual/minors` slot until [`Heads::compose`].
+    pub fn window_scores(&self, embedding: &[f32], lexical: &LexicalFeatures) -> CategoryScores {
         let mut scores = CategoryScores::default();
         for c in Category::ALL {
             let p = match &self.learnt[c.index()] {
-                Some(head) => head.probability(embedding),
-                None => self.minor.probability(embedding),
+                Some(head) => head.probability(embedding, lexical),
+                None => self.minor.probability(embedding, lexical),
             };
             scores.set(c, p);
         }
@@ -179,11 +213,21 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
             spec.w.len()
         )));
     }
-    if !spec.b.is_finite() || spec.w.iter().any(|w| !w.is_finite()) {
+    let lex: [f32; LEXICAL_FEATURES] = match spec.lex {
+        None => [0.0; LEXICAL_FEATURES],
+        Some(lex) => lex.try_into().map_err(|lex: Vec<f32>| {
+            invalid(format!(
+                "head {name} has {} lexical weights, expected {LEXICAL_FEATURES}",
+                lex.len()
+            ))
+        })?,
+    };
+    if !spec.b.is_finite() || spec.w.iter().chain(&lex).any(|w| !w.is_finite()) {
         return Err(invalid(format!("head {name} has a non-finite weight")));
     }
     Ok(Head {
         w: spec.w,
+        lex,
         b: spec.b,
     })
 }
@@ -235,14 +279,15 @@ mod tests {
     #[test]
     fn sexual_minors_needs_both_signals() {
         let emb = vec![0.0f32; EMBEDDING_DIM];
+        let lex = LexicalFeatures::default();
         let both = Heads::parse(&heads_json(4.0, 4.0)).unwrap();
-        let s = both.compose(both.window_scores(&emb));
+        let s = both.compose(both.window_scores(&emb, &lex));
         assert!(s.get(Category::SexualMinors) > 0.9);
         let minor_only = Heads::parse(&heads_json(4.0, -4.0)).unwrap();
-        let s = minor_only.compose(minor_only.window_scores(&emb));
+        let s = minor_only.compose(minor_only.window_scores(&emb, &lex));
         assert!(s.get(Category::SexualMinors) < 0.1);
         let sexual_only = Heads::parse(&heads_json(-4.0, 4.0)).unwrap();
-        let s = sexual_only.compose(sexual_only.window_scores(&emb));
+        let s = sexual_only.compose(sexual_only.window_scores(&emb, &lex));
         assert!(s.get(Category::SexualMinors) < 0.1);
         assert!(s.get(Category::Sexual) > 0.9);
     }
@@ -275,5 +320,32 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
         v["thresholds"]["hate"] = serde_json::json!(1.5);
         assert!(Heads::parse(&v.to_string()).is_err());
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        v["heads"]["hate"]["lex"] = serde_json::json!([1.0, 2.0]);
+        let err = Heads::parse(&v.to_string())
+            .err()
+            .expect("short lex accepted");
+        assert!(err.to_string().contains("lexical weights"), "{err}");
+    }
+
+    #[test]
+    fn lexical_weights_move_the_score_of_their_head_only() {
+        let mut v: serde_json::Value = serde_json::from_str(&heads_json(0.0, 0.0)).unwrap();
+        let mut lex = vec![0.0f32; LEXICAL_FEATURES];
+        lex[Category::Hate.index()] = 10.0;
+        v["heads"]["hate"]["lex"] = serde_json::json!(lex);
+        let heads = Heads::parse(&v.to_string()).unwrap();
+        let lexical = LexicalClassifier::new();
+        let emb = vec![0.0f32; EMBEDDING_DIM];
+        let plain = LexicalFeatures::of(&lexical, "have a nice day");
+        let slur = LexicalFeatures::of(&lexical, "those people are subhuman vermin");
+        assert!(slur.values()[Category::Hate.index()] > 0.5, "{slur:?}");
+        let before = heads.window_scores(&emb, &plain);
+        let after = heads.window_scores(&emb, &slur);
+        assert!(after.get(Category::Hate) > before.get(Category::Hate) + 0.3);
+        assert_eq!(
+            after.get(Category::Violence),
+            before.get(Category::Violence)
+        );
     }
 }

@@ -22,13 +22,14 @@ use std::path::{Path, PathBuf};
 
 pub use encoder::{WindowConfig, EMBEDDING_DIM};
 pub use files::MINILM_DIR;
-pub use heads::InputKind;
+pub use heads::{InputKind, LexicalFeatures, LEXICAL_FEATURES};
 
 use encoder::MiniLm;
 use heads::Heads;
 
 use super::category::{CategoryScores, Thresholds};
 use super::classifier::TextClassifier;
+use super::lexical::LexicalClassifier;
 
 /// The shipped heads, thresholds and window settings.
 pub const SHIPPED_HEADS_JSON: &str = include_str!("../../../assets/text-model/heads.json");
@@ -60,11 +61,12 @@ pub enum TextModelError {
     Inference(#[from] candle_core::Error),
 }
 
-/// MiniLM embeddings + per-category heads. `Send + Sync`; inference is
-/// blocking and CPU-bound.
+/// MiniLM embeddings and lexical features + per-category heads.
+/// `Send + Sync`; inference is blocking and CPU-bound.
 pub struct EmbeddingClassifier {
     encoder: MiniLm,
     heads: Heads,
+    lexical: LexicalClassifier,
 }
 
 impl EmbeddingClassifier {
@@ -80,7 +82,11 @@ impl EmbeddingClassifier {
     ) -> Result<EmbeddingClassifier, TextModelError> {
         let heads = Heads::parse(heads_json)?;
         let encoder = MiniLm::load(&models_dir.join(MINILM_DIR))?;
-        Ok(EmbeddingClassifier { encoder, heads })
+        Ok(EmbeddingClassifier {
+            encoder,
+            heads,
+            lexical: LexicalClassifier::new(),
+        })
     }
 
     /// The version of the heads, e.g. `2026-11-22.1`.
@@ -129,10 +135,12 @@ impl EmbeddingClassifier {
         let per_text = self.embed_windows(texts)?;
         Ok(per_text
             .iter()
-            .map(|windows| {
+            .zip(texts)
+            .map(|(windows, text)| {
+                let lexical = LexicalFeatures::of(&self.lexical, text);
                 let strongest = windows
                     .iter()
-                    .map(|e| self.heads.window_scores(e))
+                    .map(|e| self.heads.window_scores(e, &lexical))
                     .fold(CategoryScores::default(), |acc, s| acc.max_with(&s));
                 self.heads.compose(strongest)
             })
