@@ -399,8 +399,10 @@ async fn combined_text_catches_what_only_shows_across_items() {
             .any(|c| verdict["categories"][c] == true)
     };
 
+    // Neither fragment threatens anyone on its own ("I know where you live"
+    // would: it is intimidation by itself, and the model flags it).
     let split = json!({"input": [
-        {"type": "text", "text": "I know where you live and tonight I am going to ki"},
+        {"type": "text", "text": "After the meeting tonight I am going to ki"},
         {"type": "text", "text": "ll you"},
     ]});
     let (status, _, body) = parts(app.moderate(&key, &split).await).await;
