@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 duration="${1:-15}"
 connections="${2:-8}"
+threads=$(( connections < 2 ? connections : 2 ))  # wrk needs connections >= threads
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 scripts/setup.sh
 cargo build --release --quiet --bin moderato
@@ -36,9 +37,9 @@ run() {
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
-  wrk -t2 -c"$connections" -d3s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
+  wrk -t"$threads" -c"$connections" -d3s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
   echo "== text classifier: $classifier ($connections connections, ${duration}s, one short text item)"
-  wrk -t2 -c"$connections" -d"${duration}s" --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
+  wrk -t"$threads" -c"$connections" -d"${duration}s" --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
     | grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|requests in"
   kill -TERM "$pid"; wait "$pid" || true
 }
