@@ -36,9 +36,27 @@ impl<'de> Deserialize<'de> for InputItem {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let value = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)
-            .map_err(|_| D::Error::custom(": each item must be an object with a \"type\" field"))?;
+            .map_err(|e| D::Error::custom(item_error(&e.to_string())))?;
         parse_item(value).map_err(D::Error::custom)
     }
+}
+
+/// Why an item could not be read, continuing its path: a value of the wrong
+/// kind is "not an object", but a fault inside it (a string that is not
+/// valid UTF-8, a lone surrogate escape) keeps the parser's own words.
+fn item_error(parser_message: &str) -> String {
+    if parser_message.starts_with("invalid type") {
+        return ": each item must be an object with a \"type\" field".into();
+    }
+    // The position is added again when the error reaches the top.
+    let message = parser_message
+        .split(" at line ")
+        .next()
+        .unwrap_or(parser_message);
+    if message == "invalid unicode code point" {
+        return ": a string is not valid UTF-8 (send the text UTF-8 encoded)".into();
+    }
+    format!(": {message}")
 }
 
 /// `Err` carries a message that continues the item's path: `.text: expected

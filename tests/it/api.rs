@@ -114,7 +114,7 @@ async fn authentication_errors(backend: Backend) {
 async fn request_errors_name_what_to_fix(backend: Backend) {
     let app = spawn_app(backend).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
-    let post_raw = |body: &'static str, content_type: Option<&'static str>| {
+    let post_raw = |body: &'static [u8], content_type: Option<&'static str>| {
         let mut request = app
             .client
             .post(format!("{}/v1/moderate", app.base))
@@ -127,7 +127,7 @@ async fn request_errors_name_what_to_fix(backend: Backend) {
     };
 
     let (status, _, body) = parts(
-        post_raw("{not json", Some("application/json"))
+        post_raw(b"{not json", Some("application/json"))
             .await
             .unwrap(),
     )
@@ -135,15 +135,35 @@ async fn request_errors_name_what_to_fix(backend: Backend) {
     assert_eq!(status, 400);
     assert!(error_message(&body, "invalid_request").contains("not valid JSON"));
 
+    // Faults inside an item's string keep the parser's words and the item.
+    for (raw, says) in [
+        (
+            &b"{\"input\":[{\"type\":\"text\",\"text\":\"\xff\xfe\"}]}"[..],
+            "UTF-8",
+        ),
+        (
+            &br#"{"input":[{"type":"text","text":"\ud800"}]}"#[..],
+            "escape",
+        ),
+    ] {
+        let (status, _, body) = parts(post_raw(raw, Some("application/json")).await.unwrap()).await;
+        assert_eq!(status, 400, "{body}");
+        let message = error_message(&body, "invalid_request");
+        assert!(
+            message.contains("input[0]") && message.contains(says),
+            "{message}"
+        );
+    }
+
     let (status, _, body) = parts(
-        post_raw(r#"{"input":[]}"#, Some("text/plain"))
+        post_raw(br#"{"input":[]}"#, Some("text/plain"))
             .await
             .unwrap(),
     )
     .await;
     assert_eq!(status, 415);
     assert!(error_message(&body, "unsupported_media_type").contains("application/json"));
-    let (status, _, _) = parts(post_raw(r#"{"input":[]}"#, None).await.unwrap()).await;
+    let (status, _, _) = parts(post_raw(br#"{"input":[]}"#, None).await.unwrap()).await;
     assert_eq!(status, 415);
 
     let cases: Vec<(Value, &str)> = vec![
