@@ -27,6 +27,9 @@ TARGET_PRECISION = 0.8
 FLOOR, CEILING = 0.5, 0.9  # never flag below even odds: calibration splits are small
 NEAR_DUP_COSINE = 0.9
 C_GRID = (0.5, 2.0, 8.0)
+K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
+SEED = 20261123
+REVISION = 2  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -78,7 +81,37 @@ def fit_head(Xtr, ytr, Xcal, ycal):
     platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[:, None], ycal)
     a, c = float(platt.coef_[0][0]), float(platt.intercept_[0])
     w = (a * w).astype(np.float32)
-    return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap
+    return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap, (a, c)
+
+
+def out_of_fold(X, y, C, platt, rng):
+    """Calibrated probabilities for the rows of X, each from a head (same C,
+    the final Platt mapping) fitted on the other folds' rows with a label
+    (y is NaN where unknown): scores as unseen as the calibration split's,
+    on five times as many rows."""
+    a, c = platt
+    folds = rng.permutation(len(y)) % K_FOLDS
+    known = ~np.isnan(y)
+    out = np.zeros(len(y))
+    for k in range(K_FOLDS):
+        test = folds == k
+        fit = known & ~test
+        lr = LogisticRegression(C=C, class_weight="balanced", max_iter=3000).fit(X[fit], y[fit].astype(int))
+        z = X[test] @ lr.coef_[0] + lr.intercept_[0]
+        out[test] = 1.0 / (1.0 + np.exp(-(a * z + c)))
+    return out
+
+
+def compose(P):
+    """Category scores from per-head probabilities (columns in HEADS order),
+    as served: sexual/minors = min(sexual, minor), parents raised to children."""
+    out = np.stack([P[:, HEADS.index("minor" if c == "sexual/minors" else c)] for c in CATEGORIES], axis=1)
+    si, mi = CATEGORIES.index("sexual"), CATEGORIES.index("sexual/minors")
+    out[:, mi] = np.minimum(out[:, si], out[:, mi])
+    for child, parent in PARENTS:
+        ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
+        out[:, pi] = np.maximum(out[:, pi], out[:, ci])
+    return out
 
 
 def pick_threshold(y, p):
@@ -102,31 +135,44 @@ def main():
     X, lex = X[keep], lex[keep]
     split = np.array([r["split"] for r in rows])
 
+    # Rows whose scores choose the thresholds: calibration rows scored by the
+    # final heads, training rows out of fold.
+    pool = np.where((split == "train") | (split == "calib"))[0]
+    pooled_scores = np.zeros((len(pool), len(HEADS)))
+    rng = np.random.default_rng(SEED)
+
+    def pooled_probabilities(spec, C, platt, trained):
+        w = np.concatenate([spec["w"], spec["lex"]])
+        p = 1.0 / (1.0 + np.exp(-(X[pool] @ w + spec["b"])))
+        is_train = split[pool] == "train"
+        p[is_train] = out_of_fold(X[pool][is_train], lab[pool][is_train], C, platt, rng)
+        return p
+
     heads, report = {}, {}
     for h in HEADS:
         lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
         known = ~np.isnan(lab)
         tr, cal = known & (split == "train"), known & (split == "calib")
-        spec, C, ap = fit_head(X[tr], lab[tr].astype(int), X[cal], lab[cal].astype(int))
+        spec, C, ap, platt = fit_head(X[tr], lab[tr].astype(int), X[cal], lab[cal].astype(int))
         heads[h] = spec
+        pooled_scores[:, HEADS.index(h)] = pooled_probabilities(spec, C, platt, tr)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
     out = {
-        "version": datetime.date.today().isoformat() + ".1",
+        "version": f"{datetime.date.today().isoformat()}.{REVISION}",
         "input": SHIPPED_INPUT,
         "window": {"tokens": WINDOW_TOKENS, "stride": WINDOW_STRIDE},
         "heads": heads,
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
     }
-    # Thresholds on the composed calibration scores (what serving outputs).
-    cal_idx = np.where(split == "calib")[0]
-    P = apply_heads(out, X[cal_idx, :DIM], np.arange(len(cal_idx)), len(cal_idx), lex[cal_idx])
+    # Thresholds on composed scores (what serving outputs) of unseen rows.
+    P = compose(pooled_scores)
     for i, c in enumerate(CATEGORIES):
         if c == "sexual/minors":
             continue
-        lab = np.array([np.nan if rows[j]["labels"][c] is None else rows[j]["labels"][c] for j in cal_idx], dtype=float)
+        lab = np.array([np.nan if rows[j]["labels"][c] is None else rows[j]["labels"][c] for j in pool], dtype=float)
         known = ~np.isnan(lab)
         out["thresholds"][c] = round(pick_threshold(lab[known].astype(int), P[known, i]), 4)
     # No sexual/minors data exists (by design): it inherits the sexual threshold.
