@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -102,6 +102,15 @@ def out_of_fold(X, y, C, platt, rng):
     return out
 
 
+def unseen_probabilities(spec, C, platt, X, y, is_train, rng):
+    """Head probabilities of rows it was not fitted on: the shipped head for
+    calibration rows, out-of-fold heads for training rows."""
+    w = np.concatenate([spec["w"], spec["lex"]])
+    p = 1.0 / (1.0 + np.exp(-(X @ w + spec["b"])))
+    p[is_train] = out_of_fold(X[is_train], y[is_train], C, platt, rng)
+    return p
+
+
 def compose(P):
     """Category scores from per-head probabilities (columns in HEADS order),
     as served: sexual/minors = min(sexual, minor), parents raised to children."""
@@ -141,13 +150,6 @@ def main():
     pooled_scores = np.zeros((len(pool), len(HEADS)))
     rng = np.random.default_rng(SEED)
 
-    def pooled_probabilities(spec, C, platt, trained):
-        w = np.concatenate([spec["w"], spec["lex"]])
-        p = 1.0 / (1.0 + np.exp(-(X[pool] @ w + spec["b"])))
-        is_train = split[pool] == "train"
-        p[is_train] = out_of_fold(X[pool][is_train], lab[pool][is_train], C, platt, rng)
-        return p
-
     heads, report = {}, {}
     for h in HEADS:
         lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
@@ -155,7 +157,7 @@ def main():
         tr, cal = known & (split == "train"), known & (split == "calib")
         spec, C, ap, platt = fit_head(X[tr], lab[tr].astype(int), X[cal], lab[cal].astype(int))
         heads[h] = spec
-        pooled_scores[:, HEADS.index(h)] = pooled_probabilities(spec, C, platt, tr)
+        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X[pool], lab[pool], split[pool] == "train", rng)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
