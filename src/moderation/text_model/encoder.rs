@@ -2,6 +2,7 @@
 //! run with candle on the CPU, mean-pooled and L2-normalised exactly as
 //! sentence-transformers does, so embeddings match the published model.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
@@ -109,9 +110,27 @@ impl MiniLm {
     }
 
     /// Sentence embeddings (unit length) of token windows, in input order.
-    /// Windows are sorted by length and padded per mini-batch so short ones
-    /// never pay for a long neighbour.
+    /// Identical windows are encoded once: the sentences of a request's two
+    /// combined texts are the same, and often the items themselves. Windows
+    /// are sorted by length and padded per mini-batch so short ones never
+    /// pay for a long neighbour.
     pub fn embed(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let mut first_of: HashMap<&[u32], usize> = HashMap::new();
+        let mut distinct: Vec<Vec<u32>> = Vec::new();
+        let slot: Vec<usize> = windows
+            .iter()
+            .map(|w| {
+                *first_of.entry(w.as_slice()).or_insert_with(|| {
+                    distinct.push(w.clone());
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        let embedded = self.embed_distinct(&distinct)?;
+        Ok(slot.into_iter().map(|d| embedded[d].clone()).collect())
+    }
+
+    fn embed_distinct(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
         let mut order: Vec<usize> = (0..windows.len()).collect();
         order.sort_by_key(|&i| windows[i].len());
         let mut out = vec![Vec::new(); windows.len()];
