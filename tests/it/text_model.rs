@@ -132,11 +132,14 @@ fn a_threat_in_the_middle_of_a_long_benign_text_is_found() {
 
 #[test]
 fn batched_scores_match_single_scores_and_keep_order() {
+    // Repeats (encoded once) must still come back in their places.
     let texts = [
         "",
         "hello there",
         "I will hurt you badly",
         &"word ".repeat(600),
+        "hello there",
+        "I will hurt you badly",
     ];
     let batched = model().score_batch(&texts).unwrap();
     assert_eq!(batched.len(), texts.len());
