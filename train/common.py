@@ -192,9 +192,16 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None):
     p = 1.0 / (1.0 + np.exp(-z))
     out = np.zeros((n, len(names)), dtype=np.float32)
     np.maximum.at(out, idx, p)
-    si, mi = names.index("sexual"), names.index("sexual/minors")
+    return compose(out, heads.get("parents", []))
+
+
+def compose(out, parents=PARENTS):
+    """Final scores from head probabilities in CATEGORIES order, with the
+    minor head in the sexual/minors column (as Heads::compose in Rust):
+    sexual/minors = min(sexual, minor), parents raised to their children."""
+    si, mi = CATEGORIES.index("sexual"), CATEGORIES.index("sexual/minors")
     out[:, mi] = np.minimum(out[:, si], out[:, mi])
-    for child, parent in heads.get("parents", []):
-        ci, pi = names.index(child), names.index(parent)
+    for child, parent in parents:
+        ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
         out[:, pi] = np.maximum(out[:, pi], out[:, ci])
     return out

@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, compose, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -111,16 +111,10 @@ def unseen_probabilities(spec, C, platt, X, y, is_train, rng):
     return p
 
 
-def compose(P):
-    """Category scores from per-head probabilities (columns in HEADS order),
-    as served: sexual/minors = min(sexual, minor), parents raised to children."""
-    out = np.stack([P[:, HEADS.index("minor" if c == "sexual/minors" else c)] for c in CATEGORIES], axis=1)
-    si, mi = CATEGORIES.index("sexual"), CATEGORIES.index("sexual/minors")
-    out[:, mi] = np.minimum(out[:, si], out[:, mi])
-    for child, parent in PARENTS:
-        ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
-        out[:, pi] = np.maximum(out[:, pi], out[:, ci])
-    return out
+def in_category_order(P):
+    """Per-head probabilities (columns in HEADS order) as CATEGORIES columns,
+    the minor head in the sexual/minors column, ready for common.compose."""
+    return np.stack([P[:, HEADS.index("minor" if c == "sexual/minors" else c)] for c in CATEGORIES], axis=1)
 
 
 def pick_threshold(y, p):
@@ -170,7 +164,7 @@ def main():
         "parents": PARENTS,
     }
     # Thresholds on composed scores (what serving outputs) of unseen rows.
-    P = compose(pooled_scores)
+    P = compose(in_category_order(pooled_scores))
     for i, c in enumerate(CATEGORIES):
         if c == "sexual/minors":
             continue

@@ -288,10 +288,17 @@ impl LexicalClassifier {
     /// The minor signal of a normalised text, in [0, 1] (ages under 18 and
     /// words about children). Not a category; exposed for the model.
     pub fn minor_signal(&self, normalized: &str) -> f32 {
+        self.features_and_minor_signal(normalized).1
+    }
+
+    /// [`LexicalClassifier::features`] and [`LexicalClassifier::minor_signal`]
+    /// from one pass over the text.
+    pub fn features_and_minor_signal(&self, normalized: &str) -> (CategoryScores, f32) {
         let toks: Vec<&str> = tokens(normalized).collect();
         let hits = self.find(&toks);
-        let words = minor_words_score(&self.entries, &hits);
-        words.max(age_minor_signal(&toks))
+        let age = age_minor_signal(&toks);
+        let minor = minor_words_score(&self.entries, &hits).max(age);
+        (scores_from_hits(&self.entries, &hits, age), minor)
     }
 
     /// The terms that matched a normalised text, allow phrases applied.

@@ -50,8 +50,18 @@ fn is_unavailable_code(code: Option<&str>) -> bool {
     if code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") {
         return true;
     }
-    code.parse::<u32>()
-        .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 14))
+    is_sqlite_busy(Some(code)) || sqlite_primary_code(code) == Some(14)
+}
+
+/// SQLite BUSY (5) or LOCKED (6): another connection holds the file.
+pub(super) fn is_sqlite_busy(code: Option<&str>) -> bool {
+    code.and_then(sqlite_primary_code)
+        .is_some_and(|n| matches!(n, 5 | 6))
+}
+
+/// The primary result code of a SQLite (possibly extended) error code.
+fn sqlite_primary_code(code: &str) -> Option<u32> {
+    code.parse::<u32>().ok().map(|n| n & 0xff)
 }
 
 pub(super) fn map_migrate(err: sqlx::migrate::MigrateError) -> StoreError {

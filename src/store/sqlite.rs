@@ -16,8 +16,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, map_migrate, map_sqlx, parse_key_id, redact_error, UsageRow,
-    ACQUIRE_TIMEOUT,
+    custom_rpm_to_sql, from_stored, is_sqlite_busy, map_migrate, map_sqlx, parse_key_id,
+    redact_error, UsageRow, ACQUIRE_TIMEOUT,
 };
 use super::{ApiKeyRecord, BillingRow, KeyId, Period, Store, StoreError, Tier, UsageEvent};
 
@@ -125,12 +125,10 @@ impl StartupRetry {
 
 /// SQLITE_BUSY or SQLITE_LOCKED, extended codes included.
 fn is_busy(err: &sqlx::Error) -> bool {
-    let code = match err {
-        sqlx::Error::Database(db) => db.code(),
-        _ => None,
-    };
-    code.and_then(|c| c.parse::<u32>().ok())
-        .is_some_and(|n| matches!(n & 0xff, 5 | 6))
+    match err {
+        sqlx::Error::Database(db) => is_sqlite_busy(db.code().as_deref()),
+        _ => false,
+    }
 }
 
 /// sqlx names in-memory databases `:memory:` or `file:sqlx-in-memory-N`.

@@ -29,13 +29,12 @@ pub struct LexicalFeatures([f32; LEXICAL_FEATURES]);
 impl LexicalFeatures {
     /// The features of `text` as received (the lexical layer normalises it).
     pub fn of(lexical: &LexicalClassifier, text: &str) -> LexicalFeatures {
-        let normalized = normalize(text);
-        let scores = lexical.features(&normalized);
+        let (scores, minor) = lexical.features_and_minor_signal(&normalize(text));
         let mut values = [0.0; LEXICAL_FEATURES];
         for c in Category::ALL {
             values[c.index()] = scores.get(c);
         }
-        values[NUM_CATEGORIES] = lexical.minor_signal(&normalized);
+        values[NUM_CATEGORIES] = minor;
         LexicalFeatures(values)
     }
 
