@@ -22,4 +22,4 @@ if ! "${PYTHON:-python3}" -c 'import cryptography' 2>/dev/null; then
   exit 1
 fi
 
-cargo test --all-targets "$@"
+cargo test --workspace --all-targets "$@"

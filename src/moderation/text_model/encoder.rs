@@ -7,9 +7,9 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::Tokenizer;
 
+use super::bert::{Bert, Config, Precision};
 use super::files::{read_verified, ModelFile};
 use super::TextModelError;
 
@@ -41,7 +41,13 @@ impl WindowConfig {
 }
 
 pub struct MiniLm {
-    model: BertModel,
+    model: Bert,
+    /// Inference runs inside this pool: the many small parallel operations
+    /// of a forward pass then start from a pool thread and split work
+    /// in place, instead of each handing off to the pool from the caller's
+    /// thread and sleeping until it is done (a third of the time of a
+    /// short message went to those context switches).
+    pool: rayon::ThreadPool,
     tokenizer: Tokenizer,
     cls: u32,
     sep: u32,
@@ -49,8 +55,13 @@ pub struct MiniLm {
 }
 
 impl MiniLm {
-    /// Loads and checksum-verifies `dir/{config.json,tokenizer.json,model.safetensors}`.
+    /// Loads and checksum-verifies `dir/{config.json,tokenizer.json,model.safetensors}`,
+    /// with the dense layers in 8-bit blocks.
     pub fn load(dir: &Path) -> Result<MiniLm, TextModelError> {
+        MiniLm::load_with(dir, Precision::Int8)
+    }
+
+    fn load_with(dir: &Path, precision: Precision) -> Result<MiniLm, TextModelError> {
         let config_bytes = read_verified(dir, ModelFile::Config)?;
         let tokenizer_bytes = read_verified(dir, ModelFile::Tokenizer)?;
         let weights = read_verified(dir, ModelFile::Weights)?;
@@ -73,9 +84,14 @@ impl MiniLm {
 
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)?;
-        let model = BertModel::load(vb, &config)?;
+        let model = Bert::load(vb, &config, precision)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("minilm-{i}"))
+            .build()
+            .map_err(|e| TextModelError::Invalid(format!("cannot start inference threads: {e}")))?;
         Ok(MiniLm {
             model,
+            pool,
             tokenizer,
             cls,
             sep,
@@ -126,7 +142,7 @@ impl MiniLm {
                 })
             })
             .collect();
-        let embedded = self.embed_distinct(&distinct)?;
+        let embedded = self.pool.install(|| self.embed_distinct(&distinct))?;
         Ok(slot.into_iter().map(|d| embedded[d].clone()).collect())
     }
 
@@ -158,8 +174,7 @@ impl MiniLm {
         }
         let ids = Tensor::from_vec(ids, (rows, max_len), &self.device)?;
         let mask = Tensor::from_vec(mask, (rows, max_len), &self.device)?;
-        let type_ids = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?;
+        let hidden = self.model.forward(&ids, &mask)?;
         // Mean over real tokens only, then unit length (sentence-transformers' pooling).
         let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
         let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
@@ -191,6 +206,96 @@ fn batch_len(order: &[usize], windows: &[Vec<u32>]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn models_dir() -> std::path::PathBuf {
+        std::env::var_os("MODERATO_MODELS_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+            .join(super::super::MINILM_DIR)
+    }
+
+    const SENTENCES: [&str; 5] = [
+        "You are an idiot and I will find you.",
+        "How do I kill a Python process that hangs?",
+        "The council approved the new cycling lanes after a long debate.",
+        "i dont want to be here anymore",
+        "ok",
+    ];
+
+    fn embed(model: &MiniLm) -> Vec<Vec<f32>> {
+        let windows: Vec<Vec<u32>> = SENTENCES
+            .iter()
+            .flat_map(|s| {
+                model
+                    .windows(
+                        s,
+                        WindowConfig {
+                            tokens: 256,
+                            stride: 192,
+                        },
+                    )
+                    .unwrap()
+            })
+            .collect();
+        model.embed(&windows).unwrap()
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// The published model as candle's own BERT runs it.
+    fn reference_embeddings() -> Vec<Vec<f32>> {
+        use candle_transformers::models::bert::{BertModel, Config};
+        let dir = models_dir();
+        let config: Config =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu).unwrap();
+        let bert = BertModel::load(vb, &config).unwrap();
+        let ours = MiniLm::load_with(&dir, Precision::F32).unwrap();
+        SENTENCES
+            .iter()
+            .map(|s| {
+                let w = &ours
+                    .windows(
+                        s,
+                        WindowConfig {
+                            tokens: 256,
+                            stride: 192,
+                        },
+                    )
+                    .unwrap()[0];
+                let ids = Tensor::new(w.as_slice(), &Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let hidden = bert
+                    .forward(&ids, &ids.zeros_like().unwrap(), None)
+                    .unwrap();
+                let mean = hidden.mean(1).unwrap().squeeze(0).unwrap();
+                let norm = mean.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
+                mean.broadcast_div(&norm).unwrap().to_vec1::<f32>().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn our_forward_pass_matches_candles_bert_and_int8_stays_close() {
+        let reference = reference_embeddings();
+        let f32_model = MiniLm::load_with(&models_dir(), Precision::F32).unwrap();
+        let int8_model = MiniLm::load_with(&models_dir(), Precision::Int8).unwrap();
+        for ((text, r), (f, q)) in SENTENCES
+            .iter()
+            .zip(&reference)
+            .zip(embed(&f32_model).iter().zip(&embed(&int8_model)))
+        {
+            assert!(cosine(r, f) > 0.99999, "f32 {text}: {}", cosine(r, f));
+            assert!(cosine(r, q) > 0.995, "int8 {text}: {}", cosine(r, q));
+        }
+        // Different sentences stay far apart relative to the quantisation error.
+        assert!(cosine(&reference[0], &reference[2]) < 0.5);
+    }
 
     #[test]
     fn batches_respect_row_and_token_caps() {

@@ -12,6 +12,7 @@
 //! its strongest window's, so a threat in the middle of a long benign text is
 //! not diluted away.
 
+mod bert;
 mod deobfuscate;
 mod encoder;
 mod files;
