@@ -94,8 +94,14 @@ REUSE_SHORT = {"eval2": "eval"}
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
 
 
+# Names the encoder's numerics: raise it when they change (8-bit dense layers
+# since heads 2026-11-23.4), so stores of older embeddings are never reused.
+ENCODER = "minilm-l6-int8-blocks32"
+
+
 def _store_path(config: dict, namespace: str) -> Path:
     key = {k: config[k] for k in ("input", "window")}
+    key["encoder"] = ENCODER
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     prefix = "store" if namespace == "train" else f"store-{namespace}"
     return WORK / "cache" / f"{prefix}-{h}.pkl"
