@@ -154,7 +154,7 @@ impl Bert {
             )));
         }
         let hidden = config.hidden_size;
-        if config.num_attention_heads == 0 || hidden % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0 || !hidden.is_multiple_of(config.num_attention_heads) {
             return Err(TextModelError::Invalid(
                 "config.json: hidden_size is not a multiple of num_attention_heads".into(),
             ));
