@@ -167,7 +167,11 @@ impl Int8Matrix {
         // Columns of the output in chunks; small products stay on one thread,
         // where waking a second would cost more than it saves.
         let work = m * self.rows * self.cols;
-        let chunk = if work < 1 << 20 { self.rows } else { 64 };
+        if work < 1 << 20 {
+            kernel::run(self, &xq, 0..self.rows, out);
+            return;
+        }
+        let chunk = 64;
         let mut columns: Vec<(usize, Vec<f32>)> = (0..self.rows)
             .step_by(chunk)
             .map(|start| (start, Vec::new()))
@@ -281,14 +285,19 @@ mod kernel {
 
         /// Visits every (output column, group of up to `ROWS` activation
         /// rows), tiled so a tile of rows stays in cache while the chunk's
-        /// weight rows pass over it; `group` returns the groups' lane sums.
+        /// weight rows pass over it. `group` gets the column's weight row
+        /// and block scales, the group's first row and size, and fills the
+        /// group's lane sums.
         #[inline(always)]
         unsafe fn for_each_group(
-            m: usize,
+            w: &Int8Matrix,
+            x: &Int8Rows,
             cols: Range<usize>,
             out: &mut [f32],
-            mut group: impl FnMut(usize, usize, usize, &mut [__m256; ROWS]),
+            mut group: impl FnMut(*const i8, &[f32], usize, usize, &mut [__m256; ROWS]),
         ) {
+            let (k, m) = (x.k, x.rows());
+            let blocks = k / BLOCK;
             let width = cols.len();
             for tile in (0..m).step_by(TILE_ROWS) {
                 let tile_end = (tile + TILE_ROWS).min(m);
@@ -297,7 +306,9 @@ mod kernel {
                     while r < tile_end {
                         let rows = (tile_end - r).min(ROWS);
                         let mut acc = [_mm256_setzero_ps(); ROWS];
-                        group(n, r, rows, &mut acc);
+                        let wrow = w.values[n * k..(n + 1) * k].as_ptr();
+                        let wscale = &w.scales[n * blocks..(n + 1) * blocks];
+                        group(wrow, wscale, r, rows, &mut acc);
                         for (i, a) in acc.iter().enumerate().take(rows) {
                             out[(r + i) * width + j] = horizontal_sum(*a);
                         }
@@ -317,9 +328,7 @@ mod kernel {
         ) {
             let k = x.k;
             let blocks = k / BLOCK;
-            for_each_group(x.rows(), cols, out, |n, r, rows, acc| {
-                let wrow = w.values[n * k..(n + 1) * k].as_ptr();
-                let wscale = &w.scales[n * blocks..(n + 1) * blocks];
+            for_each_group(w, x, cols, out, |wrow, wscale, r, rows, acc| {
                 for (b, &ws) in wscale.iter().enumerate() {
                     // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
                     let raw = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
@@ -354,9 +363,7 @@ mod kernel {
             let blocks = k / BLOCK;
             let offset = _mm256_set1_epi8(-128i8); // the byte 0x80: 128 unsigned
             let zero = _mm256_setzero_si256();
-            for_each_group(x.rows(), cols, out, |n, r, rows, acc| {
-                let wrow = w.values[n * k..(n + 1) * k].as_ptr();
-                let wscale = &w.scales[n * blocks..(n + 1) * blocks];
+            for_each_group(w, x, cols, out, |wrow, wscale, r, rows, acc| {
                 for (b, &ws) in wscale.iter().enumerate() {
                     // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
                     let wv = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);

@@ -134,7 +134,8 @@ struct Layer {
 pub struct Bert {
     word: Embedding,
     position: Embedding,
-    token_type: Embedding,
+    /// Token type 0's embedding: every input is a single segment.
+    token_type: Tensor,
     embedding_norm: LayerNorm,
     layers: Vec<Layer>,
     heads: usize,
@@ -167,11 +168,10 @@ impl Bert {
             hidden,
             emb.pp("position_embeddings"),
         )?;
-        let token_type = candle_nn::embedding(
-            config.type_vocab_size,
-            hidden,
-            emb.pp("token_type_embeddings"),
-        )?;
+        let token_type = emb
+            .pp("token_type_embeddings")
+            .get((config.type_vocab_size, hidden), "weight")?
+            .get(0)?;
         let embedding_norm = layer_norm(emb.pp("LayerNorm"), hidden, eps)?;
         let layers = (0..config.num_hidden_layers)
             .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config, p))
@@ -196,7 +196,7 @@ impl Bert {
             .word
             .forward(ids)?
             .broadcast_add(&self.position.forward(&positions)?)?
-            .broadcast_add(&self.token_type.forward(&ids.zeros_like()?)?)?;
+            .broadcast_add(&self.token_type)?;
         let mut x = self.embedding_norm.forward(&x)?;
         // Padding gets a large negative score before the softmax: (batch, 1, 1, seq).
         let bias = ((mask.to_dtype(DType::F32)? - 1.0)? * 1e9)?
