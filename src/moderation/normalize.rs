@@ -25,6 +25,10 @@ const MIN_SPELT_OUT_LEN: usize = 3;
 pub enum Repeats {
     /// Runs of three or more become two (`kiiiill` → `kiill`).
     CollapseToTwo,
+    /// Runs of three or more become one (`kiiiill` → `kil`, `killll` →
+    /// `kil`): the model's other reading of an elongation, whose intended
+    /// length is unknown.
+    CollapseToOne,
     /// Runs are kept as written.
     Keep,
 }
@@ -55,6 +59,16 @@ pub fn normalize_keep_repeats(text: &str) -> String {
         text,
         Options {
             repeats: Repeats::Keep,
+        },
+    )
+}
+
+/// [`normalize`] with elongations cut to one letter.
+pub fn normalize_single_repeats(text: &str) -> String {
+    normalize_with(
+        text,
+        Options {
+            repeats: Repeats::CollapseToOne,
         },
     )
 }
@@ -393,8 +407,13 @@ impl Rewriter<'_> {
         self.scratch.extend(word.chars());
         map_homoglyphs(&mut self.scratch);
         map_leet(&mut self.scratch);
-        let collapse = self.options.repeats == Repeats::CollapseToTwo && word != "www";
-        push_collapsed(&mut self.out, &self.scratch, collapse);
+        let keep = match self.options.repeats {
+            _ if word == "www" => None,
+            Repeats::CollapseToTwo => Some(2),
+            Repeats::CollapseToOne => Some(1),
+            Repeats::Keep => None,
+        };
+        push_collapsed(&mut self.out, &self.scratch, keep);
     }
 }
 
@@ -421,19 +440,18 @@ fn has_long_run(bytes: &[u8]) -> bool {
     bytes.windows(3).any(|w| w[0] == w[1] && w[1] == w[2])
 }
 
-fn push_collapsed(out: &mut String, chars: &[char], collapse: bool) {
-    let mut prev = None;
-    let mut run = 0usize;
-    for &c in chars {
-        if Some(c) == prev {
-            run += 1;
-        } else {
-            prev = Some(c);
-            run = 1;
-        }
-        if !(collapse && run > 2 && c.is_alphabetic()) {
-            out.push(c);
-        }
+/// Pushes `chars`, cutting runs of three or more of a letter to `keep`
+/// letters (runs of two are spelling: `ll` in `kill`); `None` keeps all.
+fn push_collapsed(out: &mut String, chars: &[char], keep: Option<usize>) {
+    let mut rest = chars;
+    while let Some(&c) = rest.first() {
+        let run = rest.iter().take_while(|&&x| x == c).count();
+        let n = match keep {
+            Some(k) if run > 2 && c.is_alphabetic() => k.min(run),
+            _ => run,
+        };
+        out.extend(std::iter::repeat_n(c, n));
+        rest = &rest[run..];
     }
 }
 
@@ -702,6 +720,9 @@ mod tests {
         assert_eq!(n("see all"), "see all");
         assert_eq!(normalize_keep_repeats("kiiiill"), "kiiiill");
         assert_eq!(n("1000 www"), "1000 www");
+        assert_eq!(normalize_single_repeats("kiiiiill"), "kill");
+        assert_eq!(normalize_single_repeats("killll"), "kil");
+        assert_eq!(normalize_single_repeats("see all"), "see all");
     }
 
     #[test]

@@ -13,7 +13,6 @@
 //! not diluted away.
 
 mod bert;
-mod deobfuscate;
 mod encoder;
 mod files;
 mod heads;
@@ -31,6 +30,7 @@ use heads::Heads;
 use super::category::{CategoryScores, Thresholds};
 use super::classifier::TextClassifier;
 use super::lexical::LexicalClassifier;
+use super::normalize;
 
 /// The shipped heads, thresholds and window settings.
 pub const SHIPPED_HEADS_JSON: &str = include_str!("../../../assets/text-model/heads.json");
@@ -161,7 +161,7 @@ impl EmbeddingClassifier {
                 let mut views = vec![Cow::Borrowed(text)];
                 let normalized = normalize_for_model(text);
                 // Elongations: the intended length of `kiiiill` is unknown.
-                let single = deobfuscate::normalize_single_repeats(text);
+                let single = normalize::normalize_single_repeats(text);
                 if single != normalized && changed_beyond_case(text, &single) {
                     views.push(Cow::Owned(single));
                 }
@@ -196,9 +196,10 @@ fn changed_beyond_case(raw: &str, normalized: &str) -> bool {
     !folded.eq(normalized.split_whitespace().map(str::to_string))
 }
 
-/// The de-obfuscated form of a text (see [`deobfuscate`]).
+/// The de-obfuscated form of a text: the same normaliser as the lexical
+/// layer's (look-alikes, invisibles, `k i l l`, `k1ll`, elongations).
 fn normalize_for_model(text: &str) -> String {
-    deobfuscate::normalize(text)
+    normalize::normalize(text)
 }
 
 impl TextClassifier for EmbeddingClassifier {
@@ -246,6 +247,8 @@ mod tests {
             "s.u.i.c.i.d.e",
             "k1ll yourself",
             "ki\u{200B}ll",
+            // Cyrillic і and о: the stand-in normaliser let these through.
+            "k\u{0456}ll y\u{043E}u",
         ] {
             assert!(
                 changed_beyond_case(text, &normalize_for_model(text)),
