@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-DATASETS = Path(os.environ.get("MODERATO_DATASETS", "/work/shared/datasets"))
+# The shared datasets sit beside the repository (../shared/datasets).
+DATASETS = Path(os.environ.get("MODERATO_DATASETS", ROOT.parent / "shared" / "datasets"))
 WORK = ROOT / "train" / "out"  # git-ignored scratch: prepared data, embedding cache
 HEADS_PATH = ROOT / "assets" / "text-model" / "heads.json"
 
@@ -58,11 +59,13 @@ def dedup_key(text: str) -> str:
 
 
 def embed_bin() -> Path:
-    return ROOT / "target" / "debug" / "examples" / "embed"
+    # MODERATO_EXAMPLES_DIR: binaries of another build (e.g. the previous
+    # release's, to measure the heads before a change on their own pipeline).
+    return Path(os.environ.get("MODERATO_EXAMPLES_DIR", ROOT / "target" / "debug" / "examples")) / "embed"
 
 
 def lexical_bin() -> Path:
-    return ROOT / "target" / "debug" / "examples" / "lexical_features"
+    return Path(os.environ.get("MODERATO_EXAMPLES_DIR", ROOT / "target" / "debug" / "examples")) / "lexical_features"
 
 
 def lexical_features(texts) -> np.ndarray:

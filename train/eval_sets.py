@@ -121,7 +121,46 @@ def threats():
     return texts, {"violence": y, "harassment/threatening": y, "any": y}
 
 
+def _dev_rows():
+    from common import ROOT
+    from corpus import explicit_labels
+
+    rows = []
+    for path in sorted((ROOT / "train" / "dev").glob("*.jsonl")):
+        rows += [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    for r in rows:
+        r["labels"] = explicit_labels(r)
+    return rows
+
+
+def dev_hard_negatives():
+    """The development set's harmless texts that share the vocabulary of harm
+    (kind hard_negative): their any-category FPR is our estimate of the
+    false alarms on safe prompts with alarming words."""
+    rows = [r for r in _dev_rows() if r.get("kind") == "hard_negative"]
+    return [r["text"] for r in rows], {"any": [0] * len(rows)}
+
+
+def dev():
+    """The development set written for this project in a separate pass from
+    the training corpus (train/dev/, see the data card): never trained on,
+    never used to pick thresholds; training drops its near-duplicates."""
+    from common import HEADS
+
+    rows = _dev_rows()
+    texts = [r["text"] for r in rows]
+    cats = [h for h in HEADS if h != "minor"]
+    labels = {c: [r["labels"].get(c) for r in rows] for c in cats}
+    labels["any"] = [
+        None if all(r["labels"].get(c) is None for c in cats) else int(any(r["labels"].get(c) == 1 for c in cats))
+        for r in rows
+    ]
+    return texts, labels
+
+
 SETS = {
+    "dev": ("written dev set", dev),
+    "dev_hard_negatives": ("written dev set, hard negatives only", dev_hard_negatives),
     "hatecheck": ("eval", hatecheck),
     "ailuminate": ("eval", ailuminate),
     "simplesafetytests": ("eval", simplesafetytests),

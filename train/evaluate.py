@@ -7,8 +7,10 @@ arithmetic as the served classifier (see common.apply_heads; the Rust test
 `tests/it/text_model.rs` checks the served scores on sample texts)."""
 
 import json
+import os
 import random
 import sys
+from pathlib import Path
 
 import matplotlib
 
@@ -21,6 +23,10 @@ from common import CATEGORIES, HEADS_PATH, ROOT, WORK, apply_heads, embed_texts,
 import eval_sets  # noqa: E402
 
 OUT = ROOT / "eval"
+# Figures of the heads before this version (written by the previous run as
+# eval/metrics.json and kept as eval/metrics_before.json): the report shows
+# them beside the new ones.
+BEFORE = OUT / "metrics_before.json"
 # The two largest restricted sets are sampled (fixed seed) to keep a run short.
 # Fixed-seed samples keep a run within minutes on a shared 2-core machine.
 SAMPLE = {
@@ -88,7 +94,9 @@ def fmt(x):
 
 
 def main():
-    heads = json.loads(HEADS_PATH.read_text())
+    # MODERATO_HEADS_FILE: measure other heads than the shipped ones (the
+    # previous version's, for the "before" figures).
+    heads = json.loads(Path(os.environ.get("MODERATO_HEADS_FILE", HEADS_PATH)).read_text())
     thr = heads["thresholds"]
     cfg = {k: heads[k] for k in ("version", "input", "window", "heads", "thresholds", "parents")}
     # The de-obfuscated second view ("both") only adds windows for texts that
@@ -114,15 +122,22 @@ def main():
         "",
     ]
     preamble = len(lines)
+    before_doc = json.loads(BEFORE.read_text()) if BEFORE.exists() else {}
+    before = before_doc.get("sets", {})
+    if before_doc:
+        lines[-1:-1] = [f"\"before\" columns: heads `{before_doc.get('version')}` on the same texts.", ""]
+        preamble = len(lines)
+    metrics_out = {}
     summary = []
     per_cat_ours, per_cat_prof = {}, {}
+    sets = {name: v for name, v in sets.items() if v[1]}  # e.g. no dev set written yet
     for name, (kind, texts, labels) in sets.items():
         vecs, idx = embed_texts(texts, cfg, name, namespace="eval2" if name != "heldout" else "train")
         S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
         prof = profanity_scores(texts)
         lines += [f"## {name} ({kind}, {len(texts)} texts)", "",
-                  "| category | n | pos | AUPRC | best F1 | F1@thr | recall@thr | FPR@thr | profanity-check AUPRC | its F1@0.5 | its FPR@0.5 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| category | n | pos | AUPRC | before | best F1 | F1@thr | recall@thr | FPR@thr | before | profanity-check AUPRC | its F1@0.5 | its FPR@0.5 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         fig, ax = plt.subplots(figsize=(6, 4.5))
         for c, ys in labels.items():
             mask = np.array([v is not None for v in ys])
@@ -140,7 +155,9 @@ def main():
                 s = S[mask, CATEGORIES.index(c)]
                 m = metrics(y, s, thr[c])
             p = metrics(y, prof[mask], 0.5)
-            lines.append(f"| {c} | {m['n']} | {m['pos']} | {fmt(m['auprc'])} | {fmt(m['best_f1'])} | {fmt(m['f1'])} | {fmt(m['recall'])} | {fmt(m['fpr'])} | {fmt(p['auprc'])} | {fmt(p['f1'])} | {fmt(p['fpr'])} |")
+            b = before.get(name, {}).get(c, {})
+            lines.append(f"| {c} | {m['n']} | {m['pos']} | {fmt(m['auprc'])} | {fmt(b.get('auprc'))} | {fmt(m['best_f1'])} | {fmt(m['f1'])} | {fmt(m['recall'])} | {fmt(m['fpr'])} | {fmt(b.get('fpr'))} | {fmt(p['auprc'])} | {fmt(p['f1'])} | {fmt(p['fpr'])} |")
+            metrics_out.setdefault(name, {})[c] = {k: (None if isinstance(m[k], float) and np.isnan(m[k]) else m[k]) for k in ("n", "pos", "auprc", "f1", "fpr", "recall")}
             if 0 < y.sum() < len(y):
                 prec, rec, _ = precision_recall_curve(y, s)
                 ax.plot(rec, prec, label=f"{c} ({m['auprc']:.2f})")
@@ -164,17 +181,24 @@ def main():
         print(f"evaluate: {name} done", file=sys.stderr)
 
     head = ["## Summary", "",
-            "| set | any AUPRC (ours) | any AUPRC (profanity-check) | mean per-category AUPRC (ours) | (profanity-check) |",
-            "|---|---|---|---|---|"]
+            "| set | any AUPRC (ours) | before | any FPR@thr | before | mean per-category AUPRC (ours) | before | any AUPRC (profanity-check) | mean per-category (profanity-check) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name in sets:
         anyrow = [(m, p) for n, c, m, p in summary if n == name and c == "any"]
         a = anyrow[0] if anyrow else ({"auprc": None}, {"auprc": None})
         mo = np.nanmean(per_cat_ours[name]) if per_cat_ours.get(name) else None
         mp = np.nanmean(per_cat_prof[name]) if per_cat_prof.get(name) else None
-        head.append(f"| {name} | {fmt(a[0]['auprc'])} | {fmt(a[1]['auprc'])} | {fmt(mo)} | {fmt(mp)} |")
+        ba = before.get(name, {}).get("any", {})
+        bm = before.get(name, {}).get("_mean_per_category")
+        head.append(f"| {name} | {fmt(a[0]['auprc'])} | {fmt(ba.get('auprc'))} | {fmt(a[0].get('fpr'))} | {fmt(ba.get('fpr'))} | {fmt(mo)} | {fmt(bm)} | {fmt(a[1]['auprc'])} | {fmt(mp)} |")
+        if mo is not None:
+            metrics_out.setdefault(name, {})["_mean_per_category"] = float(mo)
     all_ours = [x for v in per_cat_ours.values() for x in v if not np.isnan(x)]
     all_prof = [x for v in per_cat_prof.values() for x in v if not np.isnan(x)]
-    head += ["", f"Mean per-category AUPRC over all sets: ours **{np.mean(all_ours):.3f}**, alt-profanity-check **{np.mean(all_prof):.3f}**.", ""]
+    head += ["", f"Mean per-category AUPRC over all sets: ours **{np.mean(all_ours):.3f}**"
+             + (f" (before: {before_doc['mean_per_category']:.3f})" if "mean_per_category" in before_doc else "")
+             + f", alt-profanity-check **{np.mean(all_prof):.3f}**.", ""]
+    (OUT / "metrics.json").write_text(json.dumps({"version": heads["version"], "sets": metrics_out, "mean_per_category": float(np.mean(all_ours))}, indent=1))
     report = "\n".join(lines[:preamble] + head + lines[preamble:]) + "\n"
     (OUT / "REPORT.md").write_text(report)
     print("\n".join(head))

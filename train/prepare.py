@@ -7,6 +7,7 @@ Texts that duplicate an evaluation text (normalised exact match) are dropped
 here; near-duplicates are dropped by train_heads.py with embeddings."""
 
 import csv
+import os
 import gzip  # noqa: F401  (hh-rlhf is deliberately unused: no categories)
 import json
 import random
@@ -19,7 +20,11 @@ TRAIN = DATASETS / "train"
 SEED = 20261122
 # Caps that keep embedding time on a 2-core machine to minutes (tweets are plentiful).
 DAVIDSON_NEITHER = 3000
-DAVIDSON_OFFENSIVE = 800
+# Davidson's "offensive" class as harassment positives: on a held-out set it
+# moved harassment AUPRC by only 0.02 (0.29 with, 0.27 without) while teaching
+# that untargeted profanity is harassment, the false alarm the written hard
+# negatives fight; left out since heads .5 (the written corpus covers harassment).
+DAVIDSON_OFFENSIVE = 0
 SUBCATS = {
     "harassment/threatening": "harassment",
     "hate/threatening": "hate",
@@ -177,6 +182,11 @@ def own_data():
     for path in sorted((ROOT / "train" / "data").glob("*.jsonl")):
         for line in open(path, encoding="utf-8", errors="replace"):
             d = json.loads(line)
+            if isinstance(d["labels"], dict):
+                # The written corpus: every head's label stated (train/corpus.py).
+                labels = {h: d["labels"].get(h) for h in HEADS}
+                out.append({"text": d["text"].strip(), "source": f"own:{path.stem}", "labels": labels})
+                continue
             pos = set(d["labels"])
             words = set(dedup_key(d["text"]).split())
             if not pos and words & set(MINOR_MENTIONS) and "adult" not in words:
@@ -185,9 +195,37 @@ def own_data():
     return out
 
 
+BRIEF_EXAMPLES = ROOT / "train" / "brief_examples.txt"
+BRIEF_COSINE = 0.75
+
+
+def drop_brief_examples(rows):
+    """Drops hand-written rows that are near-copies (character 3-5-gram
+    TF-IDF cosine >= BRIEF_COSINE) of an example phrase the writers' briefs
+    quoted: some of those phrases may also stand in public safe-prompt
+    benchmarks, and a held-out measurement must not see its own items in
+    training."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    examples = [dedup_key(l) for l in open(BRIEF_EXAMPLES, encoding="utf-8") if l.strip() and not l.startswith("#")]
+    own = [i for i, r in enumerate(rows) if r["source"].startswith("own:")]
+    texts = [dedup_key(rows[i]["text"]) for i in own]
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True).fit(texts + examples)
+    sims = (vec.transform(texts) @ vec.transform(examples).T).max(axis=1).toarray().ravel()
+    drop = {own[k] for k in range(len(own)) if sims[k] >= BRIEF_COSINE}
+    return [r for i, r in enumerate(rows) if i not in drop], len(drop)
+
+
 def main():
     rng = random.Random(SEED)
-    rows = davidson(rng) + toxigen() + harmbench() + strongreject() + donotanswer() + rtp() + own_data()
+    # Davidson's tweets are left out since heads .5: a GPU experiment on a
+    # held-out set found that all ~5,000 of them added nothing over the
+    # hand-written rows plus ToxiGen, and their "offensive" class taught that
+    # untargeted profanity is harassment. MODERATO_WITH_DAVIDSON=1 puts them back.
+    davidson_rows = davidson(rng) if os.environ.get("MODERATO_WITH_DAVIDSON") == "1" else []
+    rows = davidson_rows + toxigen() + harmbench() + strongreject() + donotanswer() + rtp() + own_data()
+    rows, dropped_brief = drop_brief_examples(rows)
+    print(f"prepare: {dropped_brief} hand-written rows dropped as near-copies of the briefs' examples")
 
     eval_keys = set()
     for _, (_, texts, _) in eval_sets.load_all().items():

@@ -3,9 +3,13 @@ assets/text-model/heads.json.
 
 Per head: logistic regression (class-balanced, C picked on the calibration
 split), Platt scaling fitted on the calibration split and folded into the
-weights, then a threshold per category: the lowest score whose precision on
-the calibration split reaches TARGET_PRECISION, never below FLOOR (the best-F1
-threshold when no threshold reaches the target)."""
+weights, then a threshold per category on out-of-fold scores: the higher of
+(a) the lowest score whose precision reaches TARGET_PRECISION (the best-F1
+threshold when none does) and (b) the score that keeps the category's
+false-positive rate on harmless rows under a common budget, the budget being
+the largest that keeps the any-category false-positive rate on the written
+hard negatives (harmless texts that share the vocabulary of harm) at or below
+TARGET_ANY_FPR. So `flagged` has a stated false-alarm rate a product can act on."""
 
 import datetime
 import json
@@ -24,12 +28,15 @@ INPUT = "raw"  # the form the heads are trained on
 SHIPPED_INPUT = "both"
 WINDOW_TOKENS, WINDOW_STRIDE = 256, 192
 TARGET_PRECISION = 0.8
-FLOOR, CEILING = 0.5, 0.9  # never flag below even odds: calibration splits are small
+FLOOR, CEILING = 0.5, 0.97  # never flag below even odds: calibration splits are small
+TARGET_ANY_FPR = 0.05  # any-category false alarms on the written hard negatives (out of fold)
+FPR_BUDGETS = np.geomspace(0.002, 0.05, 24)  # per-category budgets tried, largest kept
+EMBED_DUP_COSINE = 0.95  # written rows closer than this to an earlier one are near-copies
 NEAR_DUP_COSINE = 0.9
 C_GRID = (0.5, 2.0, 8.0)
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 4  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 5  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -65,6 +72,27 @@ def drop_near_duplicates(rows):
     for start in range(0, len(rows), 1000):
         sims = (A[start:start + 1000] @ B).max(axis=1).toarray().ravel()
         keep[start:start + 1000] = sims < NEAR_DUP_COSINE
+    return keep
+
+
+def drop_embedding_near_copies(rows, X):
+    """Keeps the first of every group of hand-written rows whose mean
+    embeddings have cosine >= EMBED_DUP_COSINE (paraphrases that a writer
+    produced twice teach nothing and inflate the held-out split)."""
+    own = np.array([r["source"].startswith("own:") for r in rows])
+    keep = np.ones(len(rows), dtype=bool)
+    idx = np.where(own)[0]
+    E = X[idx, :DIM]
+    E = E / np.maximum(np.linalg.norm(E, axis=1, keepdims=True), 1e-9)
+    kept = []
+    for block in range(0, len(idx), 512):
+        sims = E[block:block + 512] @ E.T
+        for i in range(sims.shape[0]):
+            j = block + i
+            if kept and sims[i, kept].max() >= EMBED_DUP_COSINE:
+                keep[idx[j]] = False
+            else:
+                kept.append(j)
     return keep
 
 
@@ -117,23 +145,63 @@ def in_category_order(P):
     return np.stack([P[:, HEADS.index("minor" if c == "sexual/minors" else c)] for c in CATEGORIES], axis=1)
 
 
-def pick_threshold(y, p):
+def precision_threshold(y, p):
+    """The lowest score whose precision reaches TARGET_PRECISION (best F1 when none does)."""
     if y.sum() == 0:
         return 0.5
     prec, rec, thr = precision_recall_curve(y, p)
     ok = [t for pr, t in zip(prec[:-1], thr) if pr >= TARGET_PRECISION and t >= FLOOR]
     if ok:
-        t = min(ok)
-    else:
-        f1 = 2 * prec[:-1] * rec[:-1] / np.maximum(prec[:-1] + rec[:-1], 1e-9)
-        t = float(thr[int(np.argmax(f1))])
-    return float(min(max(t, FLOOR), CEILING))
+        return float(min(ok))
+    f1 = 2 * prec[:-1] * rec[:-1] / np.maximum(prec[:-1] + rec[:-1], 1e-9)
+    return float(thr[int(np.argmax(f1))])
+
+
+def fpr_threshold(harmless_scores, budget):
+    """The score above which at most `budget` of harmless rows fall."""
+    if len(harmless_scores) == 0:
+        return 0.0
+    return float(np.quantile(harmless_scores, 1.0 - budget, method="higher")) + 1e-6
+
+
+def pick_thresholds(P, labels, harmless, hard_negative):
+    """Per category (CATEGORIES order): max(precision rule, FPR-budget rule),
+    with the largest common budget whose any-category false-positive rate on
+    the hard negatives stays at or below TARGET_ANY_FPR."""
+    cats = [i for i, c in enumerate(CATEGORIES) if c != "sexual/minors"]
+    base = {}
+    for i in cats:
+        lab = labels[:, i]
+        known = ~np.isnan(lab)
+        base[i] = precision_threshold(lab[known].astype(int), P[known, i])
+
+    def thresholds_for(budget):
+        t = np.ones(len(CATEGORIES))
+        for i in cats:
+            t[i] = min(max(base[i], fpr_threshold(P[harmless, i], budget), FLOOR), CEILING)
+        return t
+
+    def any_fpr(t):
+        hits = P[hard_negative][:, cats] >= t[cats]
+        return float(hits.any(axis=1).mean()) if hard_negative.any() else 0.0
+
+    chosen, chosen_budget = thresholds_for(FPR_BUDGETS[0]), FPR_BUDGETS[0]
+    for budget in FPR_BUDGETS:
+        t = thresholds_for(budget)
+        if any_fpr(t) <= TARGET_ANY_FPR:
+            chosen, chosen_budget = t, budget
+    print(f"train: per-category FPR budget {chosen_budget:.4f}: any-category FPR on hard negatives "
+          f"{any_fpr(chosen):.3f} (precision rule alone: {any_fpr(thresholds_for(0.999)):.3f})", file=sys.stderr)
+    return chosen, float(chosen_budget), any_fpr(chosen)
 
 
 def main():
     rows, X, lex = load_rows()
     keep = drop_near_duplicates(rows)
     print(f"train: dropped {int((~keep).sum())} near-duplicates of evaluation texts", file=sys.stderr)
+    copies = drop_embedding_near_copies(rows, X)
+    print(f"train: dropped {int((keep & ~copies).sum())} hand-written near-copies (embedding cosine >= {EMBED_DUP_COSINE})", file=sys.stderr)
+    keep &= copies
     rows = [r for r, k in zip(rows, keep) if k]
     X, lex = X[keep], lex[keep]
     split = np.array([r["split"] for r in rows])
@@ -165,12 +233,17 @@ def main():
     }
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))
+    harms = [c for c in CATEGORIES if c != "sexual/minors"]
+    labels = np.array([[np.nan if c == "sexual/minors" or rows[j]["labels"].get(c) is None else rows[j]["labels"][c]
+                        for c in CATEGORIES] for j in pool], dtype=float)
+    harmless = np.array([all(rows[j]["labels"].get(c) == 0 for c in harms) for j in pool])
+    hard_negative = harmless & np.array([rows[j]["source"].startswith("own:written_") for j in pool])
+    t, budget, hn_fpr = pick_thresholds(P, labels, harmless, hard_negative)
     for i, c in enumerate(CATEGORIES):
-        if c == "sexual/minors":
-            continue
-        lab = np.array([np.nan if rows[j]["labels"][c] is None else rows[j]["labels"][c] for j in pool], dtype=float)
-        known = ~np.isnan(lab)
-        out["thresholds"][c] = round(pick_threshold(lab[known].astype(int), P[known, i]), 4)
+        if c != "sexual/minors":
+            out["thresholds"][c] = round(float(t[i]), 4)
+    report["_thresholds"] = {"per_category_fpr_budget": budget, "any_fpr_hard_negatives_oof": round(hn_fpr, 4),
+                             "hard_negatives": int(hard_negative.sum()), "harmless": int(harmless.sum())}
     # No sexual/minors data exists (by design): it inherits the sexual threshold.
     out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
     for h in heads:
