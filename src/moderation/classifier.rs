@@ -16,6 +16,22 @@ pub trait TextClassifier: Send + Sync + 'static {
 
     /// The thresholds shipped with the model (configuration may override them).
     fn default_thresholds(&self) -> Thresholds;
+
+    /// Counters of the classifier's embedding cache, if it has one.
+    fn embedding_cache_stats(&self) -> Option<EmbeddingCacheStats> {
+        None
+    }
+}
+
+/// Counters of an embedding cache since the classifier was loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmbeddingCacheStats {
+    /// Windows found in the cache.
+    pub hits: u64,
+    /// Windows that had to be encoded.
+    pub misses: u64,
+    pub entries: usize,
+    pub capacity: usize,
 }
 
 /// What an image model could say about one image.

@@ -4,26 +4,25 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
+use int8_matmul::ops;
 use tokenizers::Tokenizer;
 
-use super::bert::{Bert, Config, Precision};
+use super::bert::{Bert, Config, Precision, Workspace};
+use super::cache::EmbeddingCache;
 use super::files::{read_verified, ModelFile};
 use super::TextModelError;
 
 /// Embedding width of all-MiniLM-L6-v2.
 pub const EMBEDDING_DIM: usize = 384;
 
-/// Mini-batches are capped by rows and by padded tokens, which bounds the
-/// attention buffers (rows x heads x len x len) whatever the input.
-const MAX_BATCH_ROWS: usize = 32;
-const MAX_BATCH_TOKENS: usize = 8 * 1024;
-/// A batch is computed at its longest window's length, so padded tokens
-/// may exceed real ones by at most a quarter: sixteen 17-token sentences
-/// batched with one 256-token window would cost fourteen times their work.
-const MAX_PADDED_PER_REAL: (usize, usize) = (5, 4);
+/// Tokens per forward pass. Sequences are stored one after another without
+/// padding, so any mix of lengths batches well; the cap bounds the pass's
+/// buffers (about 17 KB a token: 34 MB) whatever the input.
+const MAX_BATCH_TOKENS: usize = 2048;
 
 /// How long texts are cut into overlapping windows of tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +50,9 @@ pub struct MiniLm {
     tokenizer: Tokenizer,
     cls: u32,
     sep: u32,
-    device: Device,
+    /// Forward-pass buffers of finished passes, taken by the next ones.
+    workspaces: Mutex<Vec<Workspace>>,
+    cache: Option<EmbeddingCache>,
 }
 
 impl MiniLm {
@@ -82,8 +83,7 @@ impl MiniLm {
         };
         let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
 
-        let device = Device::Cpu;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)?;
         let model = Bert::load(vb, &config, precision)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .thread_name(|i| format!("minilm-{i}"))
@@ -95,8 +95,23 @@ impl MiniLm {
             tokenizer,
             cls,
             sep,
-            device,
+            workspaces: Mutex::new(Vec::new()),
+            cache: None,
         })
+    }
+
+    /// Keeps up to `entries` embeddings across calls (none with 0).
+    pub fn set_cache(&mut self, entries: usize) {
+        self.cache = EmbeddingCache::new(entries);
+    }
+
+    pub fn cache(&self) -> Option<&EmbeddingCache> {
+        self.cache.as_ref()
+    }
+
+    /// The floating-point operations of encoding windows of these lengths.
+    pub fn flops(&self, lens: &[usize]) -> f64 {
+        self.model.flops(lens)
     }
 
     /// Token windows covering the whole text, each framed by `[CLS]`/`[SEP]`.
@@ -126,86 +141,98 @@ impl MiniLm {
     }
 
     /// Sentence embeddings (unit length) of token windows, in input order.
-    /// Identical windows are encoded once: the sentences of a request's two
-    /// combined texts are the same, and often the items themselves. Windows
-    /// are sorted by length and padded per mini-batch so short ones never
-    /// pay for a long neighbour.
+    /// Identical windows are encoded once, and windows embedded by earlier
+    /// calls come from the cache when there is one.
     pub fn embed(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
         let mut first_of: HashMap<&[u32], usize> = HashMap::new();
-        let mut distinct: Vec<Vec<u32>> = Vec::new();
+        let mut distinct: Vec<&[u32]> = Vec::new();
         let slot: Vec<usize> = windows
             .iter()
             .map(|w| {
                 *first_of.entry(w.as_slice()).or_insert_with(|| {
-                    distinct.push(w.clone());
+                    distinct.push(w);
                     distinct.len() - 1
                 })
             })
             .collect();
-        let embedded = self.pool.install(|| self.embed_distinct(&distinct))?;
-        Ok(slot.into_iter().map(|d| embedded[d].clone()).collect())
+        let mut found: Vec<Option<Arc<[f32]>>> = match &self.cache {
+            Some(cache) => cache.get_all(&distinct),
+            None => vec![None; distinct.len()],
+        };
+        let missing: Vec<usize> = (0..distinct.len())
+            .filter(|&d| found[d].is_none())
+            .collect();
+        if !missing.is_empty() {
+            let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
+            let computed = self.pool.install(|| self.embed_distinct(&todo))?;
+            let computed: Vec<Arc<[f32]>> = computed.into_iter().map(Arc::from).collect();
+            if let Some(cache) = &self.cache {
+                cache.insert_all(&todo, &computed);
+            }
+            for (d, e) in missing.into_iter().zip(computed) {
+                found[d] = Some(e);
+            }
+        }
+        Ok(slot
+            .into_iter()
+            .map(|d| found[d].as_deref().map(<[f32]>::to_vec).unwrap_or_default())
+            .collect())
     }
 
-    fn embed_distinct(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let mut order: Vec<usize> = (0..windows.len()).collect();
-        order.sort_by_key(|&i| windows[i].len());
-        let mut out = vec![Vec::new(); windows.len()];
-        let mut rest = &order[..];
-        while !rest.is_empty() {
-            let take = batch_len(rest, windows);
+    /// Embeddings of distinct windows, in passes of at most
+    /// [`MAX_BATCH_TOKENS`] tokens.
+    fn embed_distinct(&self, windows: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let mut ws = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(windows.len());
+        let mut rest = windows;
+        let result = loop {
+            if rest.is_empty() {
+                break Ok(());
+            }
+            let take = batch_len(rest);
             let (batch, tail) = rest.split_at(take);
-            let refs: Vec<&[u32]> = batch.iter().map(|&i| windows[i].as_slice()).collect();
-            for (&i, emb) in batch.iter().zip(self.embed_batch(&refs)?) {
-                out[i] = emb;
+            if let Err(e) = self.model.forward(&mut ws, batch) {
+                break Err(e);
+            }
+            let hidden = self.model.hidden_size();
+            for i in 0..batch.len() {
+                let mut e = vec![0f32; hidden];
+                ops::mean_pool_unit(ws.hidden_states(i, hidden), &mut e);
+                out.push(e);
             }
             rest = tail;
-        }
-        Ok(out)
-    }
-
-    fn embed_batch(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let max_len = batch.iter().map(|w| w.len()).max().unwrap_or(0);
-        let rows = batch.len();
-        let mut ids = vec![0u32; rows * max_len];
-        let mut mask = vec![0u32; rows * max_len];
-        for (r, w) in batch.iter().enumerate() {
-            ids[r * max_len..r * max_len + w.len()].copy_from_slice(w);
-            mask[r * max_len..r * max_len + w.len()].fill(1);
-        }
-        let ids = Tensor::from_vec(ids, (rows, max_len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (rows, max_len), &self.device)?;
-        let hidden = self.model.forward(&ids, &mask)?;
-        // Mean over real tokens only, then unit length (sentence-transformers' pooling).
-        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-        let counts = mask.sum(1)?;
-        let mean = summed.broadcast_div(&counts)?;
-        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
-        Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+        };
+        self.workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ws);
+        result.map(|()| out)
     }
 }
 
-/// How many of the (length-sorted) windows at the head of `order` go in the next batch.
-fn batch_len(order: &[usize], windows: &[Vec<u32>]) -> usize {
-    let (num, den) = MAX_PADDED_PER_REAL;
-    let mut n = 0;
-    let mut real = 0;
-    for &i in order.iter().take(MAX_BATCH_ROWS) {
-        // Sorted ascending, so this window sets the padded length.
-        let len = windows[i].len();
-        let padded = len * (n + 1);
-        real += len;
-        if n > 0 && (padded > MAX_BATCH_TOKENS || padded * den > real * num) {
-            break;
-        }
-        n += 1;
-    }
+/// How many of the windows at the head of `windows` go in the next pass:
+/// up to [`MAX_BATCH_TOKENS`] tokens, and at least one window.
+fn batch_len(windows: &[&[u32]]) -> usize {
+    let mut tokens = 0;
+    let n = windows
+        .iter()
+        .take_while(|w| {
+            tokens += w.len();
+            tokens <= MAX_BATCH_TOKENS
+        })
+        .count();
     n.max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Tensor;
 
     fn models_dir() -> std::path::PathBuf {
         std::env::var_os("MODERATO_MODELS_DIR")
@@ -297,23 +324,33 @@ mod tests {
     }
 
     #[test]
-    fn batches_respect_row_and_token_caps() {
-        let windows: Vec<Vec<u32>> = (0..100).map(|i| vec![0; 10 + i % 3]).collect();
-        let mut order: Vec<usize> = (0..100).collect();
-        order.sort_by_key(|&i| windows[i].len());
-        assert_eq!(batch_len(&order, &windows), MAX_BATCH_ROWS);
-        let long: Vec<Vec<u32>> = (0..40).map(|_| vec![0; 510]).collect();
-        let order: Vec<usize> = (0..40).collect();
-        let n = batch_len(&order, &long);
-        assert!(n * 510 <= MAX_BATCH_TOKENS && n >= 1);
+    fn passes_respect_the_token_cap() {
+        let windows: Vec<Vec<u32>> = (0..300).map(|i| vec![0; 10 + i % 3]).collect();
+        let refs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
+        let n = batch_len(&refs);
+        let tokens: usize = refs[..n].iter().map(|w| w.len()).sum();
+        assert!(tokens <= MAX_BATCH_TOKENS && tokens + 12 > MAX_BATCH_TOKENS);
+        let long = vec![0u32; 510];
+        assert_eq!(batch_len(&[long.as_slice(); 40]), MAX_BATCH_TOKENS / 510);
+        let huge = vec![0u32; MAX_BATCH_TOKENS + 1];
+        assert_eq!(batch_len(&[huge.as_slice()]), 1);
     }
 
     #[test]
-    fn short_windows_are_not_padded_to_a_long_one() {
-        let mut windows: Vec<Vec<u32>> = (0..16).map(|_| vec![0; 17]).collect();
-        windows.push(vec![0; 256]);
-        let order: Vec<usize> = (0..17).collect();
-        assert_eq!(batch_len(&order, &windows), 16);
-        assert_eq!(batch_len(&order[16..], &windows), 1);
+    fn a_window_embeds_the_same_alone_and_in_a_mixed_batch() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let cfg = WindowConfig {
+            tokens: 256,
+            stride: 192,
+        };
+        let windows: Vec<Vec<u32>> = SENTENCES
+            .iter()
+            .flat_map(|s| model.windows(s, cfg).unwrap())
+            .collect();
+        let together = model.embed(&windows).unwrap();
+        for (w, t) in windows.iter().zip(&together) {
+            let alone = model.embed(std::slice::from_ref(w)).unwrap();
+            assert_eq!(&alone[0], t);
+        }
     }
 }

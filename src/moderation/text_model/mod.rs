@@ -13,6 +13,7 @@
 //! not diluted away.
 
 mod bert;
+mod cache;
 mod deobfuscate;
 mod encoder;
 mod files;
@@ -29,7 +30,7 @@ use encoder::MiniLm;
 use heads::Heads;
 
 use super::category::{CategoryScores, Thresholds};
-use super::classifier::TextClassifier;
+use super::classifier::{EmbeddingCacheStats, TextClassifier};
 use super::lexical::LexicalClassifier;
 
 /// The shipped heads, thresholds and window settings.
@@ -90,6 +91,13 @@ impl EmbeddingClassifier {
         })
     }
 
+    /// Keeps up to `entries` window embeddings across calls (none with 0,
+    /// the default): repeated sentences then skip the encoder.
+    pub fn with_embedding_cache(mut self, entries: usize) -> EmbeddingClassifier {
+        self.encoder.set_cache(entries);
+        self
+    }
+
     /// The version of the heads, e.g. `2026-11-22.1`.
     pub fn version(&self) -> &str {
         &self.heads.version
@@ -128,6 +136,31 @@ impl EmbeddingClassifier {
             out[i].push(e);
         }
         Ok(out)
+    }
+
+    /// The token windows the encoder sees for `text` (benchmarks).
+    pub fn token_windows(&self, text: &str) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let mut out = Vec::new();
+        for input in self.model_inputs(text) {
+            out.extend(self.encoder.windows(&input, self.heads.window)?);
+        }
+        Ok(out)
+    }
+
+    /// Embeddings of token windows, straight through the encoder (and its
+    /// cache, if any): for benchmarks of the encoder alone.
+    pub fn embed_token_windows(
+        &self,
+        windows: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, TextModelError> {
+        self.encoder.embed(windows)
+    }
+
+    /// The floating-point operations an f32 encoder does for `windows`
+    /// (two per multiply-add), to report the achieved rate.
+    pub fn encoder_flops(&self, windows: &[Vec<u32>]) -> f64 {
+        let lens: Vec<usize> = windows.iter().map(Vec::len).collect();
+        self.encoder.flops(&lens)
     }
 
     /// Calibrated scores, one per text, in order. All windows of all texts
@@ -207,11 +240,24 @@ impl TextClassifier for EmbeddingClassifier {
     }
 
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
-        Ok(self.score(texts)?)
+        let scores = self.score(texts)?;
+        if let Some(stats) = self.embedding_cache_stats() {
+            tracing::debug!(
+                hits = stats.hits,
+                misses = stats.misses,
+                entries = stats.entries,
+                "embedding cache"
+            );
+        }
+        Ok(scores)
     }
 
     fn default_thresholds(&self) -> Thresholds {
         self.heads.thresholds()
+    }
+
+    fn embedding_cache_stats(&self) -> Option<EmbeddingCacheStats> {
+        self.encoder.cache().map(|c| c.stats())
     }
 }
 
