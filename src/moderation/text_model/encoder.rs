@@ -19,17 +19,24 @@ use super::TextModelError;
 /// Embedding width of all-MiniLM-L6-v2.
 pub const EMBEDDING_DIM: usize = 384;
 
+/// A sentence shorter than this shares its chunk with the next (`Hi.`,
+/// `Ok!`, a list's numbers): alone it says too little to judge.
+const MIN_CHUNK_TOKENS: usize = 8;
+
 /// Tokens per forward pass. Sequences are stored one after another without
 /// padding, so any mix of lengths batches well; the cap bounds the pass's
 /// buffers (about 17 KB a token: 34 MB) whatever the input.
 const MAX_BATCH_TOKENS: usize = 2048;
 
-/// How long texts are cut into overlapping windows of tokens.
+/// How texts are cut into chunks for the encoder (`"window"` in
+/// heads.json): a text of up to `tokens` is one chunk, a longer one is cut
+/// into sentences, and a sentence longer than `tokens` into overlapping
+/// windows (see [`MiniLm::chunks`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowConfig {
-    /// Tokens per window, including the `[CLS]` and `[SEP]` markers.
+    /// Tokens per chunk at most, including the `[CLS]` and `[SEP]` markers.
     pub tokens: usize,
-    /// Content tokens between the starts of consecutive windows.
+    /// Content tokens between the starts of a long sentence's windows.
     pub stride: usize,
 }
 
@@ -112,6 +119,93 @@ impl MiniLm {
     /// The floating-point operations of encoding windows of these lengths.
     pub fn flops(&self, lens: &[usize]) -> f64 {
         self.model.flops(lens)
+    }
+
+    /// The text in chunks of at most `cfg.tokens` tokens, each framed by
+    /// `[CLS]`/`[SEP]`. A text that fits is one chunk, exactly its tokens
+    /// (an empty text gives the markers only). A longer one is cut into its
+    /// sentences, one a chunk (fragments under [`MIN_CHUNK_TOKENS`] joined
+    /// to what follows), and a sentence too long for one chunk into
+    /// overlapping windows `cfg.stride` tokens apart.
+    ///
+    /// Why sentences: mean pooling over a long window averages one harmful
+    /// sentence away (a threat inside a page of minutes), attention costs
+    /// more per token the longer the window, and a sentence chunk is the
+    /// same wherever the sentence appears, so the combined text of a request
+    /// reuses its items' chunks and a repeated message hits the cache.
+    pub fn chunks(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let ids = encoding.get_ids();
+        let len = cfg.content_len();
+        let stride = cfg.stride.clamp(1, len);
+        let mut out = Vec::new();
+        let frame = |out: &mut Vec<Vec<u32>>, r: std::ops::Range<usize>| {
+            let mut chunk = Vec::with_capacity(r.len() + 2);
+            chunk.push(self.cls);
+            chunk.extend_from_slice(&ids[r]);
+            chunk.push(self.sep);
+            out.push(chunk);
+        };
+        if ids.len() <= len {
+            frame(&mut out, 0..ids.len());
+            return Ok(out);
+        }
+        let mut current = 0..0;
+        for sentence in sentence_ranges(text, encoding.get_offsets()) {
+            if sentence.len() > len {
+                if !current.is_empty() {
+                    frame(&mut out, current.clone());
+                }
+                let mut start = sentence.start;
+                loop {
+                    let end = (start + len).min(sentence.end);
+                    frame(&mut out, start..end);
+                    if end >= sentence.end {
+                        break;
+                    }
+                    start += stride;
+                }
+                current = sentence.end..sentence.end;
+            } else if current.len() >= MIN_CHUNK_TOKENS || current.len() + sentence.len() > len {
+                if !current.is_empty() {
+                    frame(&mut out, current.clone());
+                }
+                current = sentence;
+            } else {
+                current.end = sentence.end;
+            }
+        }
+        if !current.is_empty() || out.is_empty() {
+            frame(&mut out, current);
+        }
+        Ok(out)
+    }
+
+    /// The start and the end of `text`: the text up to its `tokens`-th token
+    /// and the text from its `tokens`-th last token (the whole text when it
+    /// is shorter).
+    pub fn edges<'a>(
+        &self,
+        text: &'a str,
+        tokens: usize,
+    ) -> Result<(&'a str, &'a str), TextModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let offsets = encoding.get_offsets();
+        if offsets.len() <= tokens || tokens == 0 {
+            return Ok((text, text));
+        }
+        let head_end = offsets[tokens - 1].1;
+        let tail_start = offsets[offsets.len() - tokens].0;
+        match (text.get(..head_end), text.get(tail_start..)) {
+            (Some(head), Some(tail)) => Ok((head, tail)),
+            _ => Ok((text, text)),
+        }
     }
 
     /// Token windows covering the whole text, each framed by `[CLS]`/`[SEP]`.
@@ -213,6 +307,27 @@ impl MiniLm {
             .push(ws);
         result.map(|()| out)
     }
+}
+
+/// The token ranges of a text's sentences, in order, covering every token:
+/// a sentence ends after a `.`, `!`, `?` or `;` token, or before a line
+/// break. `offsets` are the tokens' byte ranges in `text`.
+fn sentence_ranges(text: &str, offsets: &[(usize, usize)]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, &(a, b)) in offsets.iter().enumerate() {
+        let token = text.get(a..b).unwrap_or("");
+        let next = offsets.get(i + 1).map_or(text.len(), |o| o.0);
+        let gap = text.get(b..next.max(b)).unwrap_or("");
+        if matches!(token, "." | "!" | "?" | ";") || gap.contains('\n') {
+            out.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    if start < offsets.len() {
+        out.push(start..offsets.len());
+    }
+    out
 }
 
 /// How many of the windows at the head of `windows` go in the next pass:
@@ -321,6 +436,46 @@ mod tests {
         }
         // Different sentences stay far apart relative to the quantisation error.
         assert!(cosine(&reference[0], &reference[2]) < 0.5);
+    }
+
+    #[test]
+    fn sentences_are_packed_into_chunks_and_long_ones_windowed() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let cfg = WindowConfig {
+            tokens: 16,
+            stride: 10,
+        };
+        let ids = |t: &str| model.windows(t, cfg).unwrap().concat();
+        // Short text: one chunk, its tokens exactly.
+        let short = "Hello there. How are you?";
+        assert_eq!(model.chunks(short, cfg).unwrap(), vec![ids(short)]);
+        // Three sentences of 6 tokens: two fit in 14 content tokens.
+        let three = "The cat sat on the mat. The dog sat on the rug. The bird sat on the tree.";
+        let chunks = model.chunks(three, cfg).unwrap();
+        assert_eq!(chunks.len(), 2, "{chunks:?}");
+        assert_eq!(
+            chunks[0],
+            ids("The cat sat on the mat. The dog sat on the rug.")
+        );
+        assert_eq!(chunks[1], ids("The bird sat on the tree."));
+        // A line break ends a sentence too; a long sentence is windowed.
+        let long = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen\nok";
+        let chunks = model.chunks(long, cfg).unwrap();
+        assert!(chunks.iter().all(|c| c.len() <= 16), "{chunks:?}");
+        assert_eq!(chunks.len(), 3, "{chunks:?}");
+        assert_eq!(chunks[2], ids("ok"));
+        assert_eq!(
+            model.chunks("", cfg).unwrap(),
+            vec![vec![model.cls, model.sep]]
+        );
+    }
+
+    #[test]
+    fn edges_are_the_first_and_last_tokens() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let text = "I know where you live and I will k";
+        assert_eq!(model.edges(text, 3).unwrap(), ("I know where", "I will k"));
+        assert_eq!(model.edges("short", 3).unwrap(), ("short", "short"));
     }
 
     #[test]
