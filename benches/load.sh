@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Load benchmark of the whole pipeline (auth, rate limit, metering, signing,
-# model) against the release binary on loopback, with wrk. Runs twice: with
-# the configured text classifier and with the trivial `null` one, so that the
-# service's own overhead around the model is visible. Not a test: it prints
-# requests per second and latency percentiles.
+# model) against the release binary on loopback, with wrk. Not a test: it
+# prints requests per second, latency percentiles and characters per second.
 #
-#   benches/load.sh [duration_s=15] [connections=8]
+# Three workloads:
+#   short   one short text item a request, with the configured text
+#           classifier and with the trivial `null` one, so that the
+#           service's own overhead around the model is visible;
+#   mixed1  the texts of benches/texts/mixed.jsonl (people's writing of mixed
+#           lengths, written for the project), one a request;
+#   mixed8  the same texts, eight a request (items + the combined text).
+#
+#   benches/load.sh [duration_s=15] [connections=8] [workloads="short mixed1 mixed8"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration="${1:-15}"
 connections="${2:-8}"
+workloads="${3:-short mixed1 mixed8}"
 threads=$(( connections < 2 ? connections : 2 ))  # wrk needs connections >= threads
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 scripts/setup.sh
@@ -22,27 +29,60 @@ export MODERATO_DATABASE_URL="sqlite://$work/bench.db"
 export MODERATO_AUTH__PEPPER_FILE="$work/pepper"
 export MODERATO_SIGNING__KEY_FILE="$work/signing-key.pem"
 export MODERATO_LOG=warn
+# Measure the model, not the embedding cache: wrk repeats the same requests.
+export MODERATO_TEXT_MODEL__EMBEDDING_CACHE_ENTRIES="${MODERATO_TEXT_MODEL__EMBEDDING_CACHE_ENTRIES:-0}"
 key=$("$bin" keys create --name bench --tier enterprise --rpm 100000000 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 
-cat > "$work/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["X-API-Key"] = "$key"
-wrk.body = '{"input":[{"type":"text","text":"Thanks for the quick reply, see you at the meeting tomorrow!"}]}'
-LUA
+# A wrk script cycling through request bodies; prints the characters of
+# text per request on its first line.
+bodies() {
+  local per_request="$1"
+  python3 - "$per_request" "$key" <<'PY'
+import json, sys
+per, key = int(sys.argv[1]), sys.argv[2]
+if per == 0:
+    texts, per = ["Thanks for the quick reply, see you at the meeting tomorrow!"], 1
+else:
+    texts = [json.loads(l)["text"] for l in open("benches/texts/mixed.jsonl", encoding="utf-8")]
+    texts = texts[: len(texts) // per * per]
+reqs = [texts[i:i + per] for i in range(0, len(texts), per)]
+chars = sum(len(t) for t in texts) / len(reqs)
+print(f"-- {chars:.1f}")
+bodies = [json.dumps({"input": [{"type": "text", "text": t} for t in r]}) for r in reqs]
+print('wrk.method = "POST"')
+print('wrk.headers["Content-Type"] = "application/json"')
+print(f'wrk.headers["X-API-Key"] = "{key}"')
+print("local bodies = {" + ",".join("[==[" + b + "]==]" for b in bodies) + "}")
+print("local i = 0")
+print("request = function() i = i % #bodies + 1; return wrk.format(nil, nil, nil, bodies[i]) end")
+PY
+}
 
 run() {
-  local classifier="$1" port="$2"
+  local classifier="$1" port="$2" per_request="$3" label="$4"
+  bodies "$per_request" > "$work/post.lua"
+  local chars
+  chars=$(head -1 "$work/post.lua" | cut -d' ' -f2)
   MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" "$bin" serve &
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
   wrk -t"$threads" -c"$connections" -d3s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
-  echo "== text classifier: $classifier ($connections connections, ${duration}s, one short text item)"
+  echo "== text classifier: $classifier ($connections connections, ${duration}s, $label)"
   wrk -t"$threads" -c"$connections" -d"${duration}s" --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
-    | grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|requests in"
+    > "$work/out.txt"
+  grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|requests in" "$work/out.txt"
+  awk -v c="$chars" '/Requests\/sec/ { printf "  Characters/sec: %.0f (%.0f characters a request)\n", $2 * c, c }' "$work/out.txt"
   kill -TERM "$pid"; wait "$pid" || true
 }
 
-run "${MODERATO_BENCH_CLASSIFIER:-minilm}" 18081
-run null 18082
+classifier="${MODERATO_BENCH_CLASSIFIER:-minilm}"
+for w in $workloads; do
+  case "$w" in
+    short) run "$classifier" 18081 0 "one short text item a request"
+           run null 18082 0 "one short text item a request" ;;
+    mixed1) run "$classifier" 18083 1 "mixed-length texts, one a request" ;;
+    mixed8) run "$classifier" 18084 8 "mixed-length texts, eight a request" ;;
+    *) echo "unknown workload $w (short, mixed1, mixed8)" >&2; exit 1 ;;
+  esac
+done

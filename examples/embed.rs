@@ -3,9 +3,12 @@
 //!
 //! Usage: `cargo run --release --example embed -- IN.jsonl OUT_PREFIX [HEADS.json]`
 //! IN.jsonl has one `{"text": "..."}` object per line. Writes
-//! `OUT_PREFIX.f32` (little-endian f32, one 384-wide row per window) and
+//! `OUT_PREFIX.f32` (little-endian f32, one 384-wide row per chunk) and
 //! `OUT_PREFIX.idx` (little-endian u32: the input line of each row). The
-//! input form (raw or normalised) and the windowing come from HEADS.json,
+//! rows of a text are exactly the chunk embeddings the served heads read
+//! for it as an item: one per sentence chunk (the whole text when it fits
+//! in `window.tokens`) of each view (raw, and de-obfuscated when that
+//! differs). The input form and the chunk settings come from HEADS.json,
 //! by default the shipped heads. Models are read from `$MODERATO_MODELS_DIR`
 //! or `<repository>/models`.
 

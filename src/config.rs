@@ -80,7 +80,17 @@ pub struct Config {
     pub thresholds: ThresholdOverrides,
     #[serde(default)]
     pub vision: VisionSettings,
+    pub text_model: TextModelConfig,
 }
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct TextModelConfig {
+    /// Window embeddings kept across requests (0: no cache).
+    pub embedding_cache_entries: usize,
+}
+
+/// About 1.6 KB an entry: the cap keeps a typo from claiming gigabytes.
+pub const MAX_EMBEDDING_CACHE_ENTRIES: usize = 1_000_000;
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct Limits {
@@ -197,6 +207,11 @@ impl Config {
             return invalid(
                 "limits.max_body_bytes, max_items and max_text_chars must be positive".into(),
             );
+        }
+        if self.text_model.embedding_cache_entries > MAX_EMBEDDING_CACHE_ENTRIES {
+            return invalid(format!(
+                "text_model.embedding_cache_entries must be at most {MAX_EMBEDDING_CACHE_ENTRIES} (about 1.6 KB each)"
+            ));
         }
         if self.usage.buffer_capacity == 0 || self.usage.batch_size == 0 {
             return invalid("usage.buffer_capacity and usage.batch_size must be positive".into());

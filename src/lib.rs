@@ -147,7 +147,11 @@ fn load_signer(config: &Config) -> anyhow::Result<Arc<signing::ResponseSigner>> 
 /// for the life of the process, so that several apps in one process (the
 /// tests) share them.
 pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
-    let text = text_classifier(config.text_classifier, &config.models_dir)?;
+    let text = text_classifier(
+        config.text_classifier,
+        &config.models_dir,
+        config.text_model.embedding_cache_entries,
+    )?;
     let image = match config.image_classifier {
         ImageClassifierKind::None => None,
         ImageClassifierKind::Nsfwjs => Some(image_classifier(&config.models_dir)?),
@@ -178,6 +182,7 @@ type ImageCache = Mutex<HashMap<PathBuf, Arc<dyn ImageClassifier>>>;
 fn text_classifier(
     kind: TextClassifierKind,
     models_dir: &Path,
+    cache_entries: usize,
 ) -> anyhow::Result<Arc<dyn TextClassifier>> {
     static CACHE: OnceLock<TextCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -190,7 +195,8 @@ fn text_classifier(
         TextClassifierKind::Lexical => Arc::new(moderation::LexicalClassifier::new()),
         TextClassifierKind::Minilm => Arc::new(
             moderation::text_model::EmbeddingClassifier::load(models_dir)
-                .context("loading the text model (run scripts/setup.sh to fetch its files)")?,
+                .context("loading the text model (run scripts/setup.sh to fetch its files)")?
+                .with_embedding_cache(cache_entries),
         ),
     };
     cache

@@ -97,9 +97,11 @@ REUSE_SHORT = {"eval2": "eval"}
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
 
 
-# Names the encoder's numerics: raise it when they change (8-bit dense layers
-# since heads 2026-11-23.4), so stores of older embeddings are never reused.
-ENCODER = "minilm-l6-int8-blocks32"
+# Names the encoder's numerics and how texts are cut: raise it when they
+# change (8-bit dense layers since heads 2026-11-23.4; unpadded passes with
+# an f32 erf, and sentence chunks instead of 256-token windows plus a
+# sentence view, since issue #11), so stores of older embeddings are never reused.
+ENCODER = "minilm-l6-int8-blocks32-chunks"
 
 
 def _store_path(config: dict, namespace: str) -> Path:
@@ -132,7 +134,9 @@ def save_store(config: dict, store: dict, namespace: str = "train"):
 
 
 def _run_embed(texts, config: dict):
-    """Per text, its (windows, 384) embeddings, computed by the Rust example."""
+    """Per text, its (chunks, 384) embeddings, computed by the Rust example:
+    one row per sentence chunk of each view (raw, and de-obfuscated when that
+    differs), exactly the rows the served heads read for an item."""
     with tempfile.TemporaryDirectory() as d:
         jsonl, prefix, heads = Path(d) / "in.jsonl", Path(d) / "out", Path(d) / "heads.json"
         with open(jsonl, "w") as f:

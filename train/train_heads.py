@@ -26,7 +26,8 @@ import eval_sets
 INPUT = "raw"  # the form the heads are trained on
 # Served: raw, plus the de-obfuscated form when it differs (see text_model::model_inputs).
 SHIPPED_INPUT = "both"
-WINDOW_TOKENS, WINDOW_STRIDE = 256, 192
+# Chunks: sentences packed up to 64 tokens, longer sentences in windows 48 apart (Rust MiniLm::chunks).
+WINDOW_TOKENS, WINDOW_STRIDE = 64, 48
 TARGET_PRECISION = 0.8
 FLOOR, CEILING = 0.5, 0.97  # never flag below even odds: calibration splits are small
 TARGET_ANY_FPR = 0.05  # any-category false alarms on the written hard negatives (out of fold)

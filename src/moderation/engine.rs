@@ -235,7 +235,7 @@ impl Engine {
         .await?
     }
 
-    /// Each text, then (with two or more) the texts joined, in one batch.
+    /// Each text and (see [`TextClassifier::score_items`]) all of them as one.
     async fn score_texts(
         &self,
         texts: &[(usize, String)],
@@ -243,28 +243,20 @@ impl Engine {
         if texts.is_empty() {
             return Ok((Vec::new(), None));
         }
-        let mut batch: Vec<String> = texts.iter().map(|(_, t)| t.clone()).collect();
-        let joined = combined_texts(&batch);
-        batch.extend(joined.iter().cloned());
+        let batch: Vec<String> = texts.iter().map(|(_, t)| t.clone()).collect();
         let classifier = self.text.clone();
-        let mut scores = self
+        let (scores, combined) = self
             .on_cpu(move || {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
-                classifier.score_batch(&refs)
+                classifier.score_items(&refs)
             })
             .await??;
-        if scores.len() != texts.len() + joined.len() {
+        if scores.len() != texts.len() {
             return Err(EngineError::Classifier(anyhow::anyhow!(
                 "text classifier returned {} results",
                 scores.len()
             )));
         }
-        let combined_parts = scores.split_off(texts.len());
-        let combined = if texts.len() == 1 {
-            scores.first().copied()
-        } else {
-            combined_parts.iter().copied().reduce(|a, b| a.max_with(&b))
-        };
         Ok((scores, combined))
     }
 
@@ -315,15 +307,6 @@ impl Engine {
     }
 }
 
-/// Texts that stand for "all text items as one": joined by a line break (a
-/// threat split over messages) and run together (a word split across them).
-fn combined_texts(texts: &[String]) -> Vec<String> {
-    if texts.len() < 2 {
-        return Vec::new();
-    }
-    vec![texts.join("\n"), texts.concat()]
-}
-
 /// The deep analysis can raise a score, never lower it: per category the
 /// stronger of the two, over the categories either evaluated.
 fn merge_image_scores(
@@ -351,19 +334,6 @@ fn merge_image_scores(
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-
-    #[test]
-    fn combined_texts_join_and_run_together() {
-        let texts = vec!["I will ki".to_string(), "ll you".to_string()];
-        assert_eq!(
-            combined_texts(&texts),
-            vec![
-                "I will ki\nll you".to_string(),
-                "I will kill you".to_string()
-            ]
-        );
-        assert!(combined_texts(&texts[..1]).is_empty());
-    }
 
     #[test]
     fn deep_analysis_raises_but_never_lowers() {

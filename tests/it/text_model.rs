@@ -240,3 +240,47 @@ fn evasion_variants_score_like_the_plain_text() {
         Category::SelfHarm,
     );
 }
+
+#[test]
+fn the_combined_pass_catches_a_word_split_across_items() {
+    // score_items builds the combined text from the items' chunks and the
+    // chunks that straddle item boundaries.
+    let items = ["I know where you live and I will k", "ill you tonight"];
+    let (each, combined) = model().score_items(&items).unwrap();
+    let combined = combined.expect("two items have a combined score");
+    let t = model().default_thresholds();
+    let threat = Category::HarassmentThreatening;
+    assert!(
+        combined.get(threat) >= t.get(threat),
+        "combined text not flagged: {combined:?}"
+    );
+    assert!(combined.get(threat) > each[1].get(threat));
+    let (alone, one) = model().score_items(&items[..1]).unwrap();
+    assert_eq!(Some(alone[0]), one, "one item's combined score is its own");
+}
+
+#[test]
+fn a_request_encodes_its_items_chunks_once_plus_a_few_boundary_chunks() {
+    // The cache counts every chunk that had to be encoded.
+    let model = EmbeddingClassifier::load(&models_dir())
+        .unwrap()
+        .with_embedding_cache(10_000);
+    let items = [
+        "The committee met on Tuesday. Members discussed the budget for the library. \
+         They agreed to open on Sundays. The children's room gets new shelves.",
+        "Thanks for the update. I will bring the minutes to the next meeting.",
+        "See you then",
+    ];
+    model.score_batch(&items).unwrap();
+    let alone = model.embedding_cache_stats().unwrap();
+    let (each, _) = model.score_items(&items).unwrap();
+    let together = model.embedding_cache_stats().unwrap();
+    // At most two chunks per boundary (run together, and joined when
+    // letters meet): the items' own chunks are not encoded again.
+    assert!(
+        together.misses - alone.misses <= 2 * (items.len() as u64 - 1),
+        "{alone:?} then {together:?}"
+    );
+    assert!(together.hits > alone.hits);
+    assert_eq!(each, model.score_batch(&items).unwrap());
+}

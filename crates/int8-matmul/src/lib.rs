@@ -14,6 +14,10 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+pub mod attention;
+pub mod ops;
+mod simd;
+
 /// Values per quantisation block.
 pub const BLOCK: usize = 32;
 
@@ -62,20 +66,51 @@ pub struct Int8Matrix {
 }
 
 /// Activations `m x k`, quantised like the weights, in the form the
-/// matrix's kernel multiplies.
-struct Int8Rows {
+/// matrix's kernel multiplies (borrowed from a [`Scratch`]).
+struct Int8Rows<'a> {
     k: usize,
-    values: RowValues,
+    values: RowValues<'a>,
+    scales: &'a [f32],
+}
+
+enum RowValues<'a> {
+    /// Widened to `i16`, natural order (portable and AVX2 kernels).
+    Wide(&'a [i16]),
+    /// Offset by 128 to `u8` (the VNNI instruction multiplies unsigned by
+    /// signed bytes) and in [`VNNI_ORDER`].
+    Offset(&'a [u8]),
+}
+
+/// Buffers for the quantised activations, kept by the caller between
+/// products so that a forward pass allocates nothing per layer.
+#[derive(Default)]
+pub struct Scratch {
+    wide: Vec<i16>,
+    offset: Vec<u8>,
     scales: Vec<f32>,
 }
 
-enum RowValues {
-    /// Widened to `i16`, natural order (portable and AVX2 kernels).
-    Wide(Vec<i16>),
-    /// Offset by 128 to `u8` (the VNNI instruction multiplies unsigned by
-    /// signed bytes) and in [`VNNI_ORDER`].
-    Offset(Vec<u8>),
+/// What is applied to each output value after the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Identity,
+    /// BERT's exact (erf) GELU, see [`ops::gelu_in_place`].
+    Gelu,
 }
+
+/// The output matrix as the column tasks see it: each writes only its own
+/// columns, so tasks never touch the same value.
+#[derive(Clone, Copy)]
+struct OutPtr {
+    ptr: *mut f32,
+    /// Values per output row.
+    ld: usize,
+}
+
+// SAFETY: tasks given an `OutPtr` write disjoint column ranges of a buffer
+// that outlives them (see `Int8Matrix::matmul_with`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
 
 /// Position `p` of a stored VNNI block holds element `VNNI_ORDER[p]`: lane
 /// `j` (bytes `4j..4j+4`) then sums elements `2j, 2j+1, 16+2j, 17+2j`,
@@ -110,20 +145,58 @@ fn quantize_blocks<T: Copy + Default>(src: &[f32], to: fn(i32) -> T) -> (Vec<T>,
     let scales = src
         .chunks_exact(BLOCK)
         .zip(values.chunks_exact_mut(BLOCK))
-        .map(|(block, out)| {
-            let max = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if max == 0.0 || !max.is_finite() {
-                out.fill(to(0));
-                return 0.0;
-            }
-            let inv = 127.0 / max;
-            for (o, v) in out.iter_mut().zip(block) {
-                *o = to((v * inv).round().clamp(-127.0, 127.0) as i32);
-            }
-            max / 127.0
-        })
+        .map(|(block, out)| quantize_block(block, out, to))
         .collect();
     (values, scales)
+}
+
+/// One block of [`quantize_blocks`]; returns its scale.
+#[inline(always)]
+fn quantize_block<T: Copy>(block: &[f32], out: &mut [T], to: impl Fn(i32) -> T) -> f32 {
+    // The largest magnitude, in eight lanes (max is exact in any order).
+    let mut lanes = [0f32; 8];
+    for part in block.chunks_exact(8) {
+        for (m, v) in lanes.iter_mut().zip(part) {
+            *m = m.max(v.abs());
+        }
+    }
+    let max = lanes.iter().fold(0f32, |m, v| m.max(*v));
+    if max == 0.0 || !max.is_finite() {
+        out.iter_mut().for_each(|o| *o = to(0));
+        return 0.0;
+    }
+    let inv = 127.0 / max;
+    for (o, v) in out.iter_mut().zip(block) {
+        *o = to((v * inv).round().clamp(-127.0, 127.0) as i32);
+    }
+    max / 127.0
+}
+
+simd::dispatch! {
+    /// Activations for the portable and AVX2 kernels: widened to `i16`.
+    /// (Every build rounds the same: `round` is half away from zero.)
+    fn quantize_wide(src: &[f32], values: &mut [i16], scales: &mut [f32]) {
+        for ((block, out), s) in src
+            .chunks_exact(BLOCK)
+            .zip(values.chunks_exact_mut(BLOCK))
+            .zip(scales.iter_mut())
+        {
+            *s = quantize_block(block, out, |q| q as i16);
+        }
+    }
+}
+
+simd::dispatch! {
+    /// Activations for the VNNI kernel: offset by 128 to `u8`.
+    fn quantize_offset(src: &[f32], values: &mut [u8], scales: &mut [f32]) {
+        for ((block, out), s) in src
+            .chunks_exact(BLOCK)
+            .zip(values.chunks_exact_mut(BLOCK))
+            .zip(scales.iter_mut())
+        {
+            *s = quantize_block(block, out, |q| (q + 128) as u8);
+        }
+    }
 }
 
 impl Int8Matrix {
@@ -161,48 +234,110 @@ impl Int8Matrix {
 
     /// `out = x · selfᵀ` for `x` of `m x cols` (row-major); `out` is `m x rows`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        self.matmul_with(
+            &mut Scratch::default(),
+            x,
+            m,
+            None,
+            Activation::Identity,
+            out,
+        );
+    }
+
+    /// `out = act(x · selfᵀ + bias)`, with the activations quantised into
+    /// `scratch`. The bias is added to each finished product and the
+    /// activation applied in the same pass over the output, while it is in
+    /// cache.
+    pub fn matmul_with(
+        &self,
+        scratch: &mut Scratch,
+        x: &[f32],
+        m: usize,
+        bias: Option<&[f32]>,
+        act: Activation,
+        out: &mut [f32],
+    ) {
         assert_eq!(x.len(), m * self.cols, "input is not m x cols");
         assert_eq!(out.len(), m * self.rows, "output is not m x rows");
-        let xq = Int8Rows::quantize(x, m, self.cols, self.kernel);
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), self.rows, "bias is not one value per row");
+        }
+        let xq = Int8Rows::quantize(scratch, x, m, self.cols, self.kernel);
+        let out = OutPtr {
+            ptr: out.as_mut_ptr(),
+            ld: self.rows,
+        };
+        let columns = |cols: std::ops::Range<usize>| {
+            // SAFETY: `out` is m x rows and borrowed mutably for this call;
+            // every task below gets its own column range.
+            unsafe {
+                kernel::run(self, &xq, cols.clone(), out);
+                finish_columns(out, m, cols, bias, act);
+            }
+        };
         // Columns of the output in chunks; small products stay on one thread,
         // where waking a second would cost more than it saves.
         let work = m * self.rows * self.cols;
         if work < 1 << 20 {
-            kernel::run(self, &xq, 0..self.rows, out);
+            columns(0..self.rows);
             return;
         }
-        let chunk = 64;
-        let mut columns: Vec<(usize, Vec<f32>)> = (0..self.rows)
-            .step_by(chunk)
-            .map(|start| (start, Vec::new()))
-            .collect();
-        columns.par_iter_mut().for_each(|(start, buf)| {
-            let end = (*start + chunk).min(self.rows);
-            *buf = vec![0f32; m * (end - *start)];
-            kernel::run(self, &xq, *start..end, buf);
-        });
-        for (start, buf) in columns {
-            let width = buf.len() / m.max(1);
-            for r in 0..m {
-                out[r * self.rows + start..r * self.rows + start + width]
-                    .copy_from_slice(&buf[r * width..(r + 1) * width]);
-            }
+        const CHUNK: usize = 64;
+        (0..self.rows.div_ceil(CHUNK))
+            .into_par_iter()
+            .for_each(|c| columns(c * CHUNK..((c + 1) * CHUNK).min(self.rows)));
+    }
+}
+
+/// Adds the bias to and applies `act` on columns `cols` of every output row.
+///
+/// # Safety
+/// `out` must point to `m` rows of `out.ld` values that no other thread
+/// touches in `cols`.
+unsafe fn finish_columns(
+    out: OutPtr,
+    m: usize,
+    cols: std::ops::Range<usize>,
+    bias: Option<&[f32]>,
+    act: Activation,
+) {
+    if bias.is_none() && act == Activation::Identity {
+        return;
+    }
+    for r in 0..m {
+        let row = std::slice::from_raw_parts_mut(out.ptr.add(r * out.ld + cols.start), cols.len());
+        if let Some(bias) = bias {
+            ops::add_in_place(row, &bias[cols.clone()]);
+        }
+        if act == Activation::Gelu {
+            ops::gelu_in_place(row);
         }
     }
 }
 
-impl Int8Rows {
-    fn quantize(x: &[f32], m: usize, k: usize, kernel: Kernel) -> Int8Rows {
+impl<'a> Int8Rows<'a> {
+    fn quantize(scratch: &'a mut Scratch, x: &[f32], m: usize, k: usize, kernel: Kernel) -> Self {
         debug_assert_eq!(x.len(), m * k);
-        let (values, scales) = match kernel {
+        let Scratch {
+            wide,
+            offset,
+            scales,
+        } = scratch;
+        scales.clear();
+        scales.resize(x.len() / BLOCK, 0.0);
+        let values = match kernel {
             Kernel::Portable | Kernel::Avx2 => {
-                let (v, s) = quantize_blocks(x, |q| q as i16);
-                (RowValues::Wide(v), s)
+                wide.clear();
+                wide.resize(x.len(), 0);
+                quantize_wide(x, wide, scales);
+                RowValues::Wide(wide)
             }
             Kernel::Vnni => {
-                let (mut v, s) = quantize_blocks(x, |q| (q + 128) as u8);
-                permute_blocks(&mut v);
-                (RowValues::Offset(v), s)
+                offset.clear();
+                offset.resize(x.len(), 0);
+                quantize_offset(x, offset, scales);
+                permute_blocks(offset);
+                RowValues::Offset(offset)
             }
         };
         Int8Rows { k, values, scales }
@@ -218,12 +353,16 @@ impl Int8Rows {
 }
 
 mod kernel {
-    use super::{Int8Matrix, Int8Rows, Kernel, RowValues, BLOCK};
+    use super::{Int8Matrix, Int8Rows, Kernel, OutPtr, RowValues, BLOCK};
     use std::ops::Range;
 
-    /// Fills `out` (`m x cols.len()`, row-major) with the products of every
-    /// activation row and the weight rows in `cols`.
-    pub(super) fn run(w: &Int8Matrix, x: &Int8Rows, cols: Range<usize>, out: &mut [f32]) {
+    /// Writes, for every activation row `r` and weight row `n` in `cols`,
+    /// their product to `out[r * out.ld + n]`.
+    ///
+    /// # Safety
+    /// `out` must point to `x.rows()` rows of `out.ld >= cols.end` values
+    /// that no other thread touches in `cols`.
+    pub(super) unsafe fn run(w: &Int8Matrix, x: &Int8Rows, cols: Range<usize>, out: OutPtr) {
         match (w.kernel, &x.values) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::detect` chose this kernel because the CPU has
@@ -240,11 +379,10 @@ mod kernel {
     /// The AVX2 kernel's arithmetic in plain Rust, lane for lane, so that
     /// it rounds identically: eight lane sums per block, each scaled with a
     /// fused multiply-add, then the same pairwise horizontal sum.
-    fn portable(w: &Int8Matrix, xv: &[i16], x: &Int8Rows, cols: Range<usize>, out: &mut [f32]) {
+    unsafe fn portable(w: &Int8Matrix, xv: &[i16], x: &Int8Rows, cols: Range<usize>, out: OutPtr) {
         let k = x.k;
         let blocks = k / BLOCK;
-        let width = cols.len();
-        for (j, n) in cols.enumerate() {
+        for n in cols {
             let wrow = &w.values[n * k..(n + 1) * k];
             let wscale = &w.scales[n * blocks..(n + 1) * blocks];
             for r in 0..x.rows() {
@@ -260,7 +398,7 @@ mod kernel {
                         *a = (sum as f32).mul_add(scale, *a);
                     }
                 }
-                out[r * width + j] = lane_sum(&acc);
+                *out.ptr.add(r * out.ld + n) = lane_sum(&acc);
             }
         }
     }
@@ -273,7 +411,7 @@ mod kernel {
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
-        use super::super::{Int8Matrix, Int8Rows, BLOCK};
+        use super::super::{Int8Matrix, Int8Rows, OutPtr, BLOCK};
         use std::arch::x86_64::*;
         use std::ops::Range;
 
@@ -293,15 +431,14 @@ mod kernel {
             w: &Int8Matrix,
             x: &Int8Rows,
             cols: Range<usize>,
-            out: &mut [f32],
+            out: OutPtr,
             mut group: impl FnMut(*const i8, &[f32], usize, usize, &mut [__m256; ROWS]),
         ) {
             let (k, m) = (x.k, x.rows());
             let blocks = k / BLOCK;
-            let width = cols.len();
             for tile in (0..m).step_by(TILE_ROWS) {
                 let tile_end = (tile + TILE_ROWS).min(m);
-                for (j, n) in cols.clone().enumerate() {
+                for n in cols.clone() {
                     let mut r = tile;
                     while r < tile_end {
                         let rows = (tile_end - r).min(ROWS);
@@ -310,7 +447,7 @@ mod kernel {
                         let wscale = &w.scales[n * blocks..(n + 1) * blocks];
                         group(wrow, wscale, r, rows, &mut acc);
                         for (i, a) in acc.iter().enumerate().take(rows) {
-                            out[(r + i) * width + j] = horizontal_sum(*a);
+                            *out.ptr.add((r + i) * out.ld + n) = horizontal_sum(*a);
                         }
                         r += rows;
                     }
@@ -324,7 +461,7 @@ mod kernel {
             xv: &[i16],
             x: &Int8Rows,
             cols: Range<usize>,
-            out: &mut [f32],
+            out: OutPtr,
         ) {
             let k = x.k;
             let blocks = k / BLOCK;
@@ -357,7 +494,7 @@ mod kernel {
             xv: &[u8],
             x: &Int8Rows,
             cols: Range<usize>,
-            out: &mut [f32],
+            out: OutPtr,
         ) {
             let k = x.k;
             let blocks = k / BLOCK;

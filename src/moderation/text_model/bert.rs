@@ -4,16 +4,27 @@
 //!
 //! Why not `candle_transformers::models::bert`: its f32 dense layers stream
 //! 42 MB of weights from memory on every forward pass whatever the input
-//! length, which was most of the time for a short message (7 ms of the 9 ms
-//! for 12 tokens). The f32 path is kept as the reference the 8-bit one is
-//! tested against.
+//! length, which was most of the time for a short message. And why not
+//! candle's tensor operations around our products: each allocated a new
+//! tensor, padded every sequence of a batch to the longest, and GELU alone
+//! (an f64 `erf` per value) took a third of a pass. Here a batch is its
+//! sequences one after another without padding, every step runs in
+//! buffers kept between passes ([`Workspace`]), bias and GELU are applied
+//! inside the products, and all loops live in the `int8-matmul` crate,
+//! which is compiled optimised even in debug builds (training embeds with one).
+//! Candle only reads the weights. The f32 path is kept as the reference the
+//! 8-bit one is tested against.
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Shape, Tensor};
-use candle_nn::{Embedding, LayerNorm, VarBuilder};
+use std::ops::Range;
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use int8_matmul::attention::attention;
+use int8_matmul::ops;
+use int8_matmul::{Activation, Int8Matrix, Scratch};
 use serde::Deserialize;
 
 use super::TextModelError;
-use int8_matmul::Int8Matrix;
 
 /// The fields of the model's `config.json` this forward pass uses.
 #[derive(Clone, Debug, Deserialize)]
@@ -41,46 +52,13 @@ pub enum Precision {
 }
 
 enum Weights {
-    F32(Tensor),
-    Int8(Int8Op),
+    F32 { values: Vec<f32>, cols: usize },
+    Int8(Int8Matrix),
 }
-
-/// The 8-bit matrix as a candle operation on activations.
-struct Int8Op(Int8Matrix);
 
 struct Dense {
     weight: Weights,
-    bias: Tensor,
-}
-
-/// `x · Wᵀ` over the last dimension of a contiguous f32 tensor.
-impl CustomOp1 for Int8Op {
-    fn name(&self) -> &'static str {
-        "int8-matmul"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("int8 matmul takes f32 input");
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("int8 matmul takes contiguous input");
-        };
-        let w = &self.0;
-        let mut dims = layout.dims().to_vec();
-        if dims.last() != Some(&w.cols()) {
-            candle_core::bail!("int8 matmul: input {dims:?} does not end in {}", w.cols());
-        }
-        let m = (end - start) / w.cols();
-        let mut out = vec![0f32; m * w.rows()];
-        w.matmul(&data[start..end], m, &mut out);
-        *dims.last_mut().expect("checked above") = w.rows();
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
-    }
+    bias: Vec<f32>,
 }
 
 impl Dense {
@@ -92,32 +70,62 @@ impl Dense {
     ) -> candle_core::Result<Dense> {
         let weight = vb.get((outputs, inputs), "weight")?;
         let bias = vb.get(outputs, "bias")?;
-        Dense::from_parts(&weight, bias, p)
+        Dense::from_parts(&weight, &bias, p)
     }
 
-    fn from_parts(weight: &Tensor, bias: Tensor, p: Precision) -> candle_core::Result<Dense> {
+    fn from_parts(weight: &Tensor, bias: &Tensor, p: Precision) -> candle_core::Result<Dense> {
+        let (rows, cols) = weight.dims2()?;
+        let values = weight.flatten_all()?.to_vec1::<f32>()?;
         let weight = match p {
-            Precision::F32 => Weights::F32(weight.clone()),
-            Precision::Int8 => {
-                let (rows, cols) = weight.dims2()?;
-                let values = weight.flatten_all()?.to_vec1::<f32>()?;
-                Weights::Int8(Int8Op(Int8Matrix::quantize(&values, rows, cols)))
-            }
+            Precision::F32 => Weights::F32 { values, cols },
+            Precision::Int8 => Weights::Int8(Int8Matrix::quantize(&values, rows, cols)),
         };
-        Ok(Dense { weight, bias })
+        Ok(Dense {
+            weight,
+            bias: bias.to_vec1::<f32>()?,
+        })
     }
 
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let product = match &self.weight {
-            Weights::F32(w) => {
-                let (batch, seq, k) = x.dims3()?;
-                x.reshape((batch * seq, k))?
-                    .matmul(&w.t()?)?
-                    .reshape((batch, seq, ()))?
+    fn outputs(&self) -> usize {
+        self.bias.len()
+    }
+
+    /// `out = act(x · Wᵀ + b)` for the `m` rows of `x`.
+    fn forward(
+        &self,
+        scratch: &mut Scratch,
+        x: &[f32],
+        m: usize,
+        act: Activation,
+        out: &mut [f32],
+    ) {
+        match &self.weight {
+            Weights::Int8(w) => w.matmul_with(scratch, x, m, Some(&self.bias), act, out),
+            Weights::F32 { values, cols } => {
+                ops::matmul_f32(x, values, m, *cols, &self.bias, act, out)
             }
-            Weights::Int8(w) => x.contiguous()?.apply_op1_no_bwd(w)?,
-        };
-        product.broadcast_add(&self.bias)
+        }
+    }
+}
+
+struct Norm {
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    eps: f32,
+}
+
+impl Norm {
+    fn load(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<Norm> {
+        Ok(Norm {
+            gamma: vb.get(size, "weight")?.to_vec1()?,
+            beta: vb.get(size, "bias")?.to_vec1()?,
+            eps: eps as f32,
+        })
+    }
+
+    /// `x = LayerNorm(x + residual)`.
+    fn apply(&self, x: &mut [f32], residual: Option<&[f32]>) {
+        ops::add_layer_norm(x, residual, &self.gamma, &self.beta, self.eps);
     }
 }
 
@@ -125,25 +133,51 @@ struct Layer {
     /// Query, key and value projections fused into one matrix (3 x hidden rows).
     qkv: Dense,
     attention_out: Dense,
-    attention_norm: LayerNorm,
+    attention_norm: Norm,
     intermediate: Dense,
     output: Dense,
-    output_norm: LayerNorm,
+    output_norm: Norm,
+}
+
+/// Buffers of a forward pass, kept between passes: after the first few
+/// batches a pass allocates nothing.
+#[derive(Default)]
+pub struct Workspace {
+    /// Hidden states, `tokens x hidden`: the output of [`Bert::forward`].
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    context: Vec<f32>,
+    inner: Vec<f32>,
+    scratch: Scratch,
+    seqs: Vec<Range<usize>>,
+}
+
+impl Workspace {
+    /// The hidden states of sequence `i` of the last pass (`len x hidden`).
+    pub fn hidden_states(&self, i: usize, hidden: usize) -> &[f32] {
+        let s = &self.seqs[i];
+        &self.x[s.start * hidden..s.end * hidden]
+    }
+}
+
+fn resize(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
 }
 
 pub struct Bert {
-    word: Embedding,
-    position: Embedding,
+    /// `vocab x hidden`.
+    word: Vec<f32>,
+    /// `max_positions x hidden`.
+    position: Vec<f32>,
     /// Token type 0's embedding: every input is a single segment.
-    token_type: Tensor,
-    embedding_norm: LayerNorm,
+    token_type: Vec<f32>,
+    embedding_norm: Norm,
     layers: Vec<Layer>,
+    hidden: usize,
     heads: usize,
     head_dim: usize,
-}
-
-fn layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<LayerNorm> {
-    candle_nn::layer_norm(size, eps, vb)
+    intermediate: usize,
 }
 
 impl Bert {
@@ -162,17 +196,16 @@ impl Bert {
         }
         let eps = config.layer_norm_eps;
         let emb = vb.pp("embeddings");
-        let word = candle_nn::embedding(config.vocab_size, hidden, emb.pp("word_embeddings"))?;
-        let position = candle_nn::embedding(
-            config.max_position_embeddings,
-            hidden,
-            emb.pp("position_embeddings"),
-        )?;
-        let token_type = emb
-            .pp("token_type_embeddings")
-            .get((config.type_vocab_size, hidden), "weight")?
-            .get(0)?;
-        let embedding_norm = layer_norm(emb.pp("LayerNorm"), hidden, eps)?;
+        let table = |name: &str, rows: usize| -> candle_core::Result<Vec<f32>> {
+            emb.pp(name)
+                .get((rows, hidden), "weight")?
+                .flatten_all()?
+                .to_vec1()
+        };
+        let word = table("word_embeddings", config.vocab_size)?;
+        let position = table("position_embeddings", config.max_position_embeddings)?;
+        let token_type = table("token_type_embeddings", config.type_vocab_size)?[..hidden].to_vec();
+        let embedding_norm = Norm::load(emb.pp("LayerNorm"), hidden, eps)?;
         let layers = (0..config.num_hidden_layers)
             .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config, p))
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -182,30 +215,71 @@ impl Bert {
             token_type,
             embedding_norm,
             layers,
+            hidden,
             heads: config.num_attention_heads,
             head_dim: hidden / config.num_attention_heads,
+            intermediate: config.intermediate_size,
         })
     }
 
-    /// Hidden states `(batch, seq, hidden)` for token ids `(batch, seq)`;
-    /// `mask` is 1 for real tokens and 0 for padding.
-    pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, seq) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, seq as u32, ids.device())?;
-        let x = self
-            .word
-            .forward(ids)?
-            .broadcast_add(&self.position.forward(&positions)?)?
-            .broadcast_add(&self.token_type)?;
-        let mut x = self.embedding_norm.forward(&x)?;
-        // Padding gets a large negative score before the softmax: (batch, 1, 1, seq).
-        let bias = ((mask.to_dtype(DType::F32)? - 1.0)? * 1e9)?
-            .unsqueeze(1)?
-            .unsqueeze(1)?;
-        for layer in &self.layers {
-            x = layer.forward(&x, &bias, self.heads, self.head_dim)?;
+    pub fn hidden_size(&self) -> usize {
+        self.hidden
+    }
+
+    /// The longest sequence the position table allows.
+    pub fn max_len(&self) -> usize {
+        self.position.len() / self.hidden
+    }
+
+    /// Multiply-adds of one pass over sequences of these lengths, times
+    /// two: the floating-point operations an f32 encoder would do.
+    pub fn flops(&self, lens: &[usize]) -> f64 {
+        let (h, i) = (self.hidden as f64, self.intermediate as f64);
+        let dense_per_token = 3.0 * h * h + h * h + 2.0 * h * i;
+        let tokens: f64 = lens.iter().map(|&l| l as f64).sum();
+        let attention: f64 = lens.iter().map(|&l| 2.0 * (l * l) as f64 * h).sum();
+        2.0 * self.layers.len() as f64 * (dense_per_token * tokens + attention)
+    }
+
+    /// Hidden states of each sequence of token ids, left in `ws` (see
+    /// [`Workspace::hidden_states`]). Sequences are independent: each
+    /// attends to its own tokens only.
+    pub fn forward(&self, ws: &mut Workspace, seqs: &[&[u32]]) -> Result<(), TextModelError> {
+        let h = self.hidden;
+        let vocab = self.word.len() / h;
+        ws.seqs.clear();
+        let mut start = 0;
+        for s in seqs {
+            if s.len() > self.max_len() {
+                return Err(TextModelError::Invalid(format!(
+                    "a sequence of {} tokens is longer than the model's {}",
+                    s.len(),
+                    self.max_len()
+                )));
+            }
+            if let Some(&id) = s.iter().find(|&&id| id as usize >= vocab) {
+                return Err(TextModelError::Invalid(format!(
+                    "token id {id} is outside the vocabulary"
+                )));
+            }
+            ws.seqs.push(start..start + s.len());
+            start += s.len();
         }
-        Ok(x)
+        let tokens = start;
+        let x = resize(&mut ws.x, tokens * h);
+        for (s, range) in seqs.iter().zip(&ws.seqs) {
+            for (p, &id) in s.iter().enumerate() {
+                let row = &mut x[(range.start + p) * h..(range.start + p + 1) * h];
+                row.copy_from_slice(&self.word[id as usize * h..(id as usize + 1) * h]);
+                ops::add_in_place(row, &self.position[p * h..(p + 1) * h]);
+                ops::add_in_place(row, &self.token_type);
+            }
+        }
+        self.embedding_norm.apply(x, None);
+        for layer in &self.layers {
+            layer.forward(ws, tokens, self.heads, self.head_dim);
+        }
+        Ok(())
     }
 }
 
@@ -223,13 +297,13 @@ impl Layer {
         let (vw, vb_) = part("value")?;
         let qkv = Dense::from_parts(
             &Tensor::cat(&[qw, kw, vw], 0)?,
-            Tensor::cat(&[qb, kb, vb_], 0)?,
+            &Tensor::cat(&[qb, kb, vb_], 0)?,
             p,
         )?;
         Ok(Layer {
             qkv,
             attention_out: Dense::load(attn.pp("output.dense"), hidden, hidden, p)?,
-            attention_norm: layer_norm(attn.pp("output.LayerNorm"), hidden, eps)?,
+            attention_norm: Norm::load(attn.pp("output.LayerNorm"), hidden, eps)?,
             intermediate: Dense::load(
                 vb.pp("intermediate.dense"),
                 hidden,
@@ -237,42 +311,40 @@ impl Layer {
                 p,
             )?,
             output: Dense::load(vb.pp("output.dense"), config.intermediate_size, hidden, p)?,
-            output_norm: layer_norm(vb.pp("output.LayerNorm"), hidden, eps)?,
+            output_norm: Norm::load(vb.pp("output.LayerNorm"), hidden, eps)?,
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask_bias: &Tensor,
-        heads: usize,
-        head_dim: usize,
-    ) -> candle_core::Result<Tensor> {
-        let (batch, seq, hidden) = x.dims3()?;
-        // (batch, seq, 3, heads, head_dim) -> three (batch, heads, seq, head_dim)
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape((batch, seq, 3, heads, head_dim))?;
-        let split = |i: usize| {
-            qkv.narrow(2, i, 1)?
-                .squeeze(2)?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (head_dim as f64).sqrt()))?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(mask_bias)?)?;
-        let context = probs
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((batch, seq, hidden))?;
-        let x = self
-            .attention_norm
-            .forward(&(self.attention_out.forward(&context)? + x)?)?;
-        let inner = self.intermediate.forward(&x)?.gelu_erf()?;
-        self.output_norm
-            .forward(&(self.output.forward(&inner)? + &x)?)
+    /// One encoder layer on the `tokens x hidden` states in `ws.x`, in place.
+    fn forward(&self, ws: &mut Workspace, tokens: usize, heads: usize, head_dim: usize) {
+        let Workspace {
+            x,
+            qkv,
+            context,
+            inner,
+            scratch,
+            seqs,
+        } = ws;
+        let hidden = heads * head_dim;
+        let x = &mut x[..tokens * hidden];
+        let qkv = resize(qkv, tokens * self.qkv.outputs());
+        self.qkv
+            .forward(scratch, x, tokens, Activation::Identity, qkv);
+        let context = resize(context, tokens * hidden);
+        attention(qkv, seqs, heads, head_dim, context);
+        // The attention output reuses the qkv buffer: x = norm(out(context) + x).
+        let attended = &mut qkv[..tokens * hidden];
+        self.attention_out
+            .forward(scratch, context, tokens, Activation::Identity, attended);
+        self.attention_norm.apply(attended, Some(x));
+        x.copy_from_slice(attended);
+        let inner = resize(inner, tokens * self.intermediate.outputs());
+        self.intermediate
+            .forward(scratch, x, tokens, Activation::Gelu, inner);
+        // x = norm(output(inner) + x), through the context buffer.
+        self.output
+            .forward(scratch, inner, tokens, Activation::Identity, context);
+        self.output_norm.apply(context, Some(x));
+        x.copy_from_slice(context);
     }
 }

@@ -4,33 +4,39 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
+use int8_matmul::ops;
 use tokenizers::Tokenizer;
 
-use super::bert::{Bert, Config, Precision};
+use super::bert::{Bert, Config, Precision, Workspace};
+use super::cache::EmbeddingCache;
 use super::files::{read_verified, ModelFile};
 use super::TextModelError;
 
 /// Embedding width of all-MiniLM-L6-v2.
 pub const EMBEDDING_DIM: usize = 384;
 
-/// Mini-batches are capped by rows and by padded tokens, which bounds the
-/// attention buffers (rows x heads x len x len) whatever the input.
-const MAX_BATCH_ROWS: usize = 32;
-const MAX_BATCH_TOKENS: usize = 8 * 1024;
-/// A batch is computed at its longest window's length, so padded tokens
-/// may exceed real ones by at most a quarter: sixteen 17-token sentences
-/// batched with one 256-token window would cost fourteen times their work.
-const MAX_PADDED_PER_REAL: (usize, usize) = (5, 4);
+/// A sentence shorter than this shares its chunk with the next (`Hi.`,
+/// `Ok!`, a list's numbers): alone it says too little to judge.
+const MIN_CHUNK_TOKENS: usize = 8;
 
-/// How long texts are cut into overlapping windows of tokens.
+/// Tokens per forward pass. Sequences are stored one after another without
+/// padding, so any mix of lengths batches well; the cap bounds the pass's
+/// buffers (about 17 KB a token: 34 MB) whatever the input.
+const MAX_BATCH_TOKENS: usize = 2048;
+
+/// How texts are cut into chunks for the encoder (`"window"` in
+/// heads.json): a text of up to `tokens` is one chunk, a longer one is cut
+/// into sentences, and a sentence longer than `tokens` into overlapping
+/// windows (see [`MiniLm::chunks`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowConfig {
-    /// Tokens per window, including the `[CLS]` and `[SEP]` markers.
+    /// Tokens per chunk at most, including the `[CLS]` and `[SEP]` markers.
     pub tokens: usize,
-    /// Content tokens between the starts of consecutive windows.
+    /// Content tokens between the starts of a long sentence's windows.
     pub stride: usize,
 }
 
@@ -51,7 +57,9 @@ pub struct MiniLm {
     tokenizer: Tokenizer,
     cls: u32,
     sep: u32,
-    device: Device,
+    /// Forward-pass buffers of finished passes, taken by the next ones.
+    workspaces: Mutex<Vec<Workspace>>,
+    cache: Option<EmbeddingCache>,
 }
 
 impl MiniLm {
@@ -82,8 +90,7 @@ impl MiniLm {
         };
         let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
 
-        let device = Device::Cpu;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)?;
         let model = Bert::load(vb, &config, precision)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .thread_name(|i| format!("minilm-{i}"))
@@ -95,8 +102,110 @@ impl MiniLm {
             tokenizer,
             cls,
             sep,
-            device,
+            workspaces: Mutex::new(Vec::new()),
+            cache: None,
         })
+    }
+
+    /// Keeps up to `entries` embeddings across calls (none with 0).
+    pub fn set_cache(&mut self, entries: usize) {
+        self.cache = EmbeddingCache::new(entries);
+    }
+
+    pub fn cache(&self) -> Option<&EmbeddingCache> {
+        self.cache.as_ref()
+    }
+
+    /// The floating-point operations of encoding windows of these lengths.
+    pub fn flops(&self, lens: &[usize]) -> f64 {
+        self.model.flops(lens)
+    }
+
+    /// The text in chunks of at most `cfg.tokens` tokens, each framed by
+    /// `[CLS]`/`[SEP]`. A text that fits is one chunk, exactly its tokens
+    /// (an empty text gives the markers only). A longer one is cut into its
+    /// sentences, one a chunk (fragments under [`MIN_CHUNK_TOKENS`] joined
+    /// to what follows), and a sentence too long for one chunk into
+    /// overlapping windows `cfg.stride` tokens apart.
+    ///
+    /// Why sentences: mean pooling over a long window averages one harmful
+    /// sentence away (a threat inside a page of minutes), attention costs
+    /// more per token the longer the window, and a sentence chunk is the
+    /// same wherever the sentence appears, so the combined text of a request
+    /// reuses its items' chunks and a repeated message hits the cache.
+    pub fn chunks(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let ids = encoding.get_ids();
+        let len = cfg.content_len();
+        let stride = cfg.stride.clamp(1, len);
+        let mut out = Vec::new();
+        let frame = |out: &mut Vec<Vec<u32>>, r: std::ops::Range<usize>| {
+            let mut chunk = Vec::with_capacity(r.len() + 2);
+            chunk.push(self.cls);
+            chunk.extend_from_slice(&ids[r]);
+            chunk.push(self.sep);
+            out.push(chunk);
+        };
+        if ids.len() <= len {
+            frame(&mut out, 0..ids.len());
+            return Ok(out);
+        }
+        let mut current = 0..0;
+        for sentence in sentence_ranges(text, encoding.get_offsets()) {
+            if sentence.len() > len {
+                if !current.is_empty() {
+                    frame(&mut out, current.clone());
+                }
+                let mut start = sentence.start;
+                loop {
+                    let end = (start + len).min(sentence.end);
+                    frame(&mut out, start..end);
+                    if end >= sentence.end {
+                        break;
+                    }
+                    start += stride;
+                }
+                current = sentence.end..sentence.end;
+            } else if current.len() >= MIN_CHUNK_TOKENS || current.len() + sentence.len() > len {
+                if !current.is_empty() {
+                    frame(&mut out, current.clone());
+                }
+                current = sentence;
+            } else {
+                current.end = sentence.end;
+            }
+        }
+        if !current.is_empty() || out.is_empty() {
+            frame(&mut out, current);
+        }
+        Ok(out)
+    }
+
+    /// The start and the end of `text`: the text up to its `tokens`-th token
+    /// and the text from its `tokens`-th last token (the whole text when it
+    /// is shorter).
+    pub fn edges<'a>(
+        &self,
+        text: &'a str,
+        tokens: usize,
+    ) -> Result<(&'a str, &'a str), TextModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let offsets = encoding.get_offsets();
+        if offsets.len() <= tokens || tokens == 0 {
+            return Ok((text, text));
+        }
+        let head_end = offsets[tokens - 1].1;
+        let tail_start = offsets[offsets.len() - tokens].0;
+        match (text.get(..head_end), text.get(tail_start..)) {
+            (Some(head), Some(tail)) => Ok((head, tail)),
+            _ => Ok((text, text)),
+        }
     }
 
     /// Token windows covering the whole text, each framed by `[CLS]`/`[SEP]`.
@@ -126,86 +235,119 @@ impl MiniLm {
     }
 
     /// Sentence embeddings (unit length) of token windows, in input order.
-    /// Identical windows are encoded once: the sentences of a request's two
-    /// combined texts are the same, and often the items themselves. Windows
-    /// are sorted by length and padded per mini-batch so short ones never
-    /// pay for a long neighbour.
+    /// Identical windows are encoded once, and windows embedded by earlier
+    /// calls come from the cache when there is one.
     pub fn embed(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
         let mut first_of: HashMap<&[u32], usize> = HashMap::new();
-        let mut distinct: Vec<Vec<u32>> = Vec::new();
+        let mut distinct: Vec<&[u32]> = Vec::new();
         let slot: Vec<usize> = windows
             .iter()
             .map(|w| {
                 *first_of.entry(w.as_slice()).or_insert_with(|| {
-                    distinct.push(w.clone());
+                    distinct.push(w);
                     distinct.len() - 1
                 })
             })
             .collect();
-        let embedded = self.pool.install(|| self.embed_distinct(&distinct))?;
-        Ok(slot.into_iter().map(|d| embedded[d].clone()).collect())
+        let mut found: Vec<Option<Arc<[f32]>>> = match &self.cache {
+            Some(cache) => cache.get_all(&distinct),
+            None => vec![None; distinct.len()],
+        };
+        let missing: Vec<usize> = (0..distinct.len())
+            .filter(|&d| found[d].is_none())
+            .collect();
+        if !missing.is_empty() {
+            let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
+            let computed = self.pool.install(|| self.embed_distinct(&todo))?;
+            let computed: Vec<Arc<[f32]>> = computed.into_iter().map(Arc::from).collect();
+            if let Some(cache) = &self.cache {
+                cache.insert_all(&todo, &computed);
+            }
+            for (d, e) in missing.into_iter().zip(computed) {
+                found[d] = Some(e);
+            }
+        }
+        Ok(slot
+            .into_iter()
+            .map(|d| found[d].as_deref().map(<[f32]>::to_vec).unwrap_or_default())
+            .collect())
     }
 
-    fn embed_distinct(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let mut order: Vec<usize> = (0..windows.len()).collect();
-        order.sort_by_key(|&i| windows[i].len());
-        let mut out = vec![Vec::new(); windows.len()];
-        let mut rest = &order[..];
-        while !rest.is_empty() {
-            let take = batch_len(rest, windows);
+    /// Embeddings of distinct windows, in passes of at most
+    /// [`MAX_BATCH_TOKENS`] tokens.
+    fn embed_distinct(&self, windows: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let mut ws = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(windows.len());
+        let mut rest = windows;
+        let result = loop {
+            if rest.is_empty() {
+                break Ok(());
+            }
+            let take = batch_len(rest);
             let (batch, tail) = rest.split_at(take);
-            let refs: Vec<&[u32]> = batch.iter().map(|&i| windows[i].as_slice()).collect();
-            for (&i, emb) in batch.iter().zip(self.embed_batch(&refs)?) {
-                out[i] = emb;
+            if let Err(e) = self.model.forward(&mut ws, batch) {
+                break Err(e);
+            }
+            let hidden = self.model.hidden_size();
+            for i in 0..batch.len() {
+                let mut e = vec![0f32; hidden];
+                ops::mean_pool_unit(ws.hidden_states(i, hidden), &mut e);
+                out.push(e);
             }
             rest = tail;
-        }
-        Ok(out)
-    }
-
-    fn embed_batch(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let max_len = batch.iter().map(|w| w.len()).max().unwrap_or(0);
-        let rows = batch.len();
-        let mut ids = vec![0u32; rows * max_len];
-        let mut mask = vec![0u32; rows * max_len];
-        for (r, w) in batch.iter().enumerate() {
-            ids[r * max_len..r * max_len + w.len()].copy_from_slice(w);
-            mask[r * max_len..r * max_len + w.len()].fill(1);
-        }
-        let ids = Tensor::from_vec(ids, (rows, max_len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (rows, max_len), &self.device)?;
-        let hidden = self.model.forward(&ids, &mask)?;
-        // Mean over real tokens only, then unit length (sentence-transformers' pooling).
-        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-        let counts = mask.sum(1)?;
-        let mean = summed.broadcast_div(&counts)?;
-        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
-        Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+        };
+        self.workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ws);
+        result.map(|()| out)
     }
 }
 
-/// How many of the (length-sorted) windows at the head of `order` go in the next batch.
-fn batch_len(order: &[usize], windows: &[Vec<u32>]) -> usize {
-    let (num, den) = MAX_PADDED_PER_REAL;
-    let mut n = 0;
-    let mut real = 0;
-    for &i in order.iter().take(MAX_BATCH_ROWS) {
-        // Sorted ascending, so this window sets the padded length.
-        let len = windows[i].len();
-        let padded = len * (n + 1);
-        real += len;
-        if n > 0 && (padded > MAX_BATCH_TOKENS || padded * den > real * num) {
-            break;
+/// The token ranges of a text's sentences, in order, covering every token:
+/// a sentence ends after a `.`, `!`, `?` or `;` token, or before a line
+/// break. `offsets` are the tokens' byte ranges in `text`.
+fn sentence_ranges(text: &str, offsets: &[(usize, usize)]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, &(a, b)) in offsets.iter().enumerate() {
+        let token = text.get(a..b).unwrap_or("");
+        let next = offsets.get(i + 1).map_or(text.len(), |o| o.0);
+        let gap = text.get(b..next.max(b)).unwrap_or("");
+        if matches!(token, "." | "!" | "?" | ";") || gap.contains('\n') {
+            out.push(start..i + 1);
+            start = i + 1;
         }
-        n += 1;
     }
+    if start < offsets.len() {
+        out.push(start..offsets.len());
+    }
+    out
+}
+
+/// How many of the windows at the head of `windows` go in the next pass:
+/// up to [`MAX_BATCH_TOKENS`] tokens, and at least one window.
+fn batch_len(windows: &[&[u32]]) -> usize {
+    let mut tokens = 0;
+    let n = windows
+        .iter()
+        .take_while(|w| {
+            tokens += w.len();
+            tokens <= MAX_BATCH_TOKENS
+        })
+        .count();
     n.max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Tensor;
 
     fn models_dir() -> std::path::PathBuf {
         std::env::var_os("MODERATO_MODELS_DIR")
@@ -297,23 +439,73 @@ mod tests {
     }
 
     #[test]
-    fn batches_respect_row_and_token_caps() {
-        let windows: Vec<Vec<u32>> = (0..100).map(|i| vec![0; 10 + i % 3]).collect();
-        let mut order: Vec<usize> = (0..100).collect();
-        order.sort_by_key(|&i| windows[i].len());
-        assert_eq!(batch_len(&order, &windows), MAX_BATCH_ROWS);
-        let long: Vec<Vec<u32>> = (0..40).map(|_| vec![0; 510]).collect();
-        let order: Vec<usize> = (0..40).collect();
-        let n = batch_len(&order, &long);
-        assert!(n * 510 <= MAX_BATCH_TOKENS && n >= 1);
+    fn sentences_are_packed_into_chunks_and_long_ones_windowed() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let cfg = WindowConfig {
+            tokens: 16,
+            stride: 10,
+        };
+        let ids = |t: &str| model.windows(t, cfg).unwrap().concat();
+        // Short text: one chunk, its tokens exactly.
+        let short = "Hello there. How are you?";
+        assert_eq!(model.chunks(short, cfg).unwrap(), vec![ids(short)]);
+        // Three sentences of 6 tokens: two fit in 14 content tokens.
+        let three = "The cat sat on the mat. The dog sat on the rug. The bird sat on the tree.";
+        let chunks = model.chunks(three, cfg).unwrap();
+        assert_eq!(chunks.len(), 2, "{chunks:?}");
+        assert_eq!(
+            chunks[0],
+            ids("The cat sat on the mat. The dog sat on the rug.")
+        );
+        assert_eq!(chunks[1], ids("The bird sat on the tree."));
+        // A line break ends a sentence too; a long sentence is windowed.
+        let long = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen\nok";
+        let chunks = model.chunks(long, cfg).unwrap();
+        assert!(chunks.iter().all(|c| c.len() <= 16), "{chunks:?}");
+        assert_eq!(chunks.len(), 3, "{chunks:?}");
+        assert_eq!(chunks[2], ids("ok"));
+        assert_eq!(
+            model.chunks("", cfg).unwrap(),
+            vec![vec![model.cls, model.sep]]
+        );
     }
 
     #[test]
-    fn short_windows_are_not_padded_to_a_long_one() {
-        let mut windows: Vec<Vec<u32>> = (0..16).map(|_| vec![0; 17]).collect();
-        windows.push(vec![0; 256]);
-        let order: Vec<usize> = (0..17).collect();
-        assert_eq!(batch_len(&order, &windows), 16);
-        assert_eq!(batch_len(&order[16..], &windows), 1);
+    fn edges_are_the_first_and_last_tokens() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let text = "I know where you live and I will k";
+        assert_eq!(model.edges(text, 3).unwrap(), ("I know where", "I will k"));
+        assert_eq!(model.edges("short", 3).unwrap(), ("short", "short"));
+    }
+
+    #[test]
+    fn passes_respect_the_token_cap() {
+        let windows: Vec<Vec<u32>> = (0..300).map(|i| vec![0; 10 + i % 3]).collect();
+        let refs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
+        let n = batch_len(&refs);
+        let tokens: usize = refs[..n].iter().map(|w| w.len()).sum();
+        assert!(tokens <= MAX_BATCH_TOKENS && tokens + 12 > MAX_BATCH_TOKENS);
+        let long = vec![0u32; 510];
+        assert_eq!(batch_len(&[long.as_slice(); 40]), MAX_BATCH_TOKENS / 510);
+        let huge = vec![0u32; MAX_BATCH_TOKENS + 1];
+        assert_eq!(batch_len(&[huge.as_slice()]), 1);
+    }
+
+    #[test]
+    fn a_window_embeds_the_same_alone_and_in_a_mixed_batch() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let cfg = WindowConfig {
+            tokens: 256,
+            stride: 192,
+        };
+        let windows: Vec<Vec<u32>> = SENTENCES
+            .iter()
+            .flat_map(|s| model.windows(s, cfg).unwrap())
+            .collect();
+        let together = model.embed(&windows).unwrap();
+        for (w, t) in windows.iter().zip(&together) {
+            let alone = model.embed(std::slice::from_ref(w)).unwrap();
+            assert_eq!(&alone[0], t);
+        }
     }
 }

@@ -8,11 +8,15 @@
 //! compiled into the binary with `include_str!`, so a build can never pair
 //! code with heads of another version.
 //!
-//! Long texts are cut into overlapping token windows; a category's score is
-//! its strongest window's, so a threat in the middle of a long benign text is
-//! not diluted away.
+//! Texts are cut into sentence chunks of at most 64 tokens (see
+//! [`encoder::MiniLm::chunks`]); a category's score is its strongest
+//! chunk's, so a threat in the middle of a long benign text is not diluted
+//! away. Every distinct chunk of a request goes through the encoder once:
+//! the combined text of a request is scored from its items' chunks plus
+//! the few chunks that straddle item boundaries.
 
 mod bert;
+mod cache;
 mod encoder;
 mod files;
 mod heads;
@@ -28,7 +32,7 @@ use encoder::MiniLm;
 use heads::Heads;
 
 use super::category::{CategoryScores, Thresholds};
-use super::classifier::TextClassifier;
+use super::classifier::{EmbeddingCacheStats, TextClassifier};
 use super::lexical::LexicalClassifier;
 use super::normalize;
 
@@ -90,6 +94,13 @@ impl EmbeddingClassifier {
         })
     }
 
+    /// Keeps up to `entries` window embeddings across calls (none with 0,
+    /// the default): repeated sentences then skip the encoder.
+    pub fn with_embedding_cache(mut self, entries: usize) -> EmbeddingClassifier {
+        self.encoder.set_cache(entries);
+        self
+    }
+
     /// The version of the heads, e.g. `2026-11-22.1`.
     pub fn version(&self) -> &str {
         &self.heads.version
@@ -100,50 +111,153 @@ impl EmbeddingClassifier {
         self.heads.window
     }
 
-    /// The embeddings of every window of every text (per text, per window),
-    /// computed on the same model input as [`EmbeddingClassifier::score`]:
-    /// what training and evaluation use so that they see what serving sees.
+    /// The embeddings of every chunk of every text (per text, per chunk,
+    /// over all its views), computed exactly as [`EmbeddingClassifier::score`]
+    /// and [`EmbeddingClassifier::score_items`] compute an item's: what
+    /// training and evaluation use so that they see what serving sees.
     pub fn embed_windows(&self, texts: &[&str]) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
-        let mut windows = Vec::new();
-        let mut owner = Vec::new();
-        for (i, text) in texts.iter().enumerate() {
-            for input in self.model_inputs(text) {
-                let whole = self.encoder.windows(&input, self.heads.window)?;
-                let long =
-                    whole.len() > 1 || whole.iter().any(|w| w.len() > SENTENCE_VIEW_MIN_TOKENS);
-                let n = windows.len();
-                windows.extend(whole);
-                if long {
-                    for sentence in sentences(&input) {
-                        windows.extend(self.encoder.windows(sentence, self.heads.window)?);
-                    }
-                }
-                owner.resize(windows.len(), i);
-                debug_assert!(owner.len() >= n);
-            }
-        }
-        let embeddings = self.encoder.embed(&windows)?;
-        let mut out = vec![Vec::new(); texts.len()];
-        for (i, e) in owner.into_iter().zip(embeddings) {
-            out[i].push(e);
+        let chunks = texts
+            .iter()
+            .map(|t| self.text_chunks(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.embed_grouped(&chunks)
+    }
+
+    /// Embeds groups of chunks in one encoder call (each distinct chunk
+    /// once), returned grouped the same way.
+    fn embed_grouped(
+        &self,
+        groups: &[Vec<Vec<u32>>],
+    ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
+        let flat: Vec<Vec<u32>> = groups.iter().flatten().cloned().collect();
+        let mut embeddings = self.encoder.embed(&flat)?.into_iter();
+        Ok(groups
+            .iter()
+            .map(|g| embeddings.by_ref().take(g.len()).collect())
+            .collect())
+    }
+
+    /// The chunks of every view of `text` (see [`Self::model_inputs`]).
+    fn text_chunks(&self, text: &str) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let mut out = Vec::new();
+        for input in self.model_inputs(text) {
+            out.extend(self.encoder.chunks(&input, self.heads.window)?);
         }
         Ok(out)
     }
 
-    /// Calibrated scores, one per text, in order. All windows of all texts
+    /// The composed scores of a text from its chunks' embeddings: per
+    /// category the strongest chunk's.
+    fn text_scores<'e>(
+        &self,
+        embeddings: impl IntoIterator<Item = &'e Vec<f32>>,
+        lexical: &LexicalFeatures,
+    ) -> CategoryScores {
+        let strongest = embeddings
+            .into_iter()
+            .map(|e| self.heads.window_scores(e, lexical))
+            .fold(CategoryScores::default(), |acc, s| acc.max_with(&s));
+        self.heads.compose(strongest)
+    }
+
+    /// Each item's scores and, with two or more items, the scores of all of
+    /// them as one text, from one encoder call. The combined text is what
+    /// the items say together, so its chunks are the items' own (already
+    /// encoded) plus, for each pair of neighbours, the end of one run
+    /// together with the start of the next: where a word or a sentence
+    /// split across items is whole again. It reads the lexical features of
+    /// the items joined by a line break and run together (the stronger
+    /// score of the two).
+    pub fn score_items(
+        &self,
+        items: &[&str],
+    ) -> Result<(Vec<CategoryScores>, Option<CategoryScores>), TextModelError> {
+        if items.len() < 2 {
+            let scores = self.score(items)?;
+            let combined = scores.first().copied();
+            return Ok((scores, combined));
+        }
+        let mut groups = items
+            .iter()
+            .map(|t| self.text_chunks(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut boundary = Vec::new();
+        for text in self.boundary_texts(items)? {
+            boundary.extend(self.text_chunks(&text)?);
+        }
+        groups.push(boundary);
+        let embedded = self.embed_grouped(&groups)?;
+        let scores = embedded
+            .iter()
+            .zip(items)
+            .map(|(e, text)| self.text_scores(e, &LexicalFeatures::of(&self.lexical, text)))
+            .collect();
+        let combined = [items.join("\n"), items.concat()]
+            .iter()
+            .map(|joined| {
+                let lexical = LexicalFeatures::of(&self.lexical, joined);
+                self.text_scores(embedded.iter().flatten(), &lexical)
+            })
+            .reduce(|a, b| a.max_with(&b));
+        Ok((scores, combined))
+    }
+
+    /// Where neighbouring items meet: the last [`BOUNDARY_TOKENS`] of one
+    /// run together with the first of the next (`"... I will k"` +
+    /// `"ill you"`), and, when letters or digits meet there, also with a
+    /// line break between them (`"I will find"` + `"you"`).
+    fn boundary_texts(&self, items: &[&str]) -> Result<Vec<String>, TextModelError> {
+        let mut out = Vec::new();
+        for pair in items.windows(2) {
+            let (_, tail) = self.encoder.edges(pair[0], BOUNDARY_TOKENS)?;
+            let (head, _) = self.encoder.edges(pair[1], BOUNDARY_TOKENS)?;
+            let (tail, head) = (tail.trim_start(), head.trim_end());
+            if tail.trim().is_empty() || head.trim().is_empty() {
+                continue;
+            }
+            out.push(format!("{tail}{head}"));
+            let word_char = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+            if word_char(tail.chars().last()) && word_char(head.chars().next()) {
+                out.push(format!("{tail}\n{head}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The token windows the encoder sees for `text` (benchmarks).
+    pub fn token_windows(&self, text: &str) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let mut out = Vec::new();
+        for input in self.model_inputs(text) {
+            out.extend(self.encoder.windows(&input, self.heads.window)?);
+        }
+        Ok(out)
+    }
+
+    /// Embeddings of token windows, straight through the encoder (and its
+    /// cache, if any): for benchmarks of the encoder alone.
+    pub fn embed_token_windows(
+        &self,
+        windows: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, TextModelError> {
+        self.encoder.embed(windows)
+    }
+
+    /// The floating-point operations an f32 encoder does for `windows`
+    /// (two per multiply-add), to report the achieved rate.
+    pub fn encoder_flops(&self, windows: &[Vec<u32>]) -> f64 {
+        let lens: Vec<usize> = windows.iter().map(Vec::len).collect();
+        self.encoder.flops(&lens)
+    }
+
+    /// Calibrated scores, one per text, in order. All chunks of all texts
     /// go through the encoder together.
     pub fn score(&self, texts: &[&str]) -> Result<Vec<CategoryScores>, TextModelError> {
         let per_text = self.embed_windows(texts)?;
         Ok(per_text
             .iter()
             .zip(texts)
-            .map(|(windows, text)| {
-                let lexical = LexicalFeatures::of(&self.lexical, text);
-                let strongest = windows
-                    .iter()
-                    .map(|e| self.heads.window_scores(e, &lexical))
-                    .fold(CategoryScores::default(), |acc, s| acc.max_with(&s));
-                self.heads.compose(strongest)
+            .map(|(chunks, text)| {
+                self.text_scores(chunks, &LexicalFeatures::of(&self.lexical, text))
             })
             .collect())
     }
@@ -174,21 +288,10 @@ impl EmbeddingClassifier {
     }
 }
 
-/// Texts longer than this many tokens are also read sentence by sentence:
-/// mean pooling over a long window averages one harmful sentence away (a
-/// threat inside a page of minutes), while the heads judge a lone sentence
-/// well, having been trained mostly on short texts.
-const SENTENCE_VIEW_MIN_TOKENS: usize = 64;
-
-/// The distinct sentences (and lines) of a text with at least three words.
-fn sentences(text: &str) -> Vec<&str> {
-    let mut seen = std::collections::HashSet::new();
-    text.split(['.', '!', '?', '\n', ';'])
-        .map(str::trim)
-        .filter(|s| s.split_whitespace().nth(2).is_some())
-        .filter(|s| seen.insert(*s))
-        .collect()
-}
+/// Tokens taken from each side of an item boundary for the combined text:
+/// enough for a split word and the words around it, few enough that the
+/// boundaries of a request cost a fraction of its items.
+const BOUNDARY_TOKENS: usize = 10;
 
 /// Whether normalising did more than fold case and whitespace.
 fn changed_beyond_case(raw: &str, normalized: &str) -> bool {
@@ -208,23 +311,45 @@ impl TextClassifier for EmbeddingClassifier {
     }
 
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
-        Ok(self.score(texts)?)
+        let scores = self.score(texts)?;
+        self.log_cache_stats();
+        Ok(scores)
+    }
+
+    fn score_items(
+        &self,
+        items: &[&str],
+    ) -> anyhow::Result<(Vec<CategoryScores>, Option<CategoryScores>)> {
+        let scores = EmbeddingClassifier::score_items(self, items)?;
+        self.log_cache_stats();
+        Ok(scores)
     }
 
     fn default_thresholds(&self) -> Thresholds {
         self.heads.thresholds()
     }
+
+    fn embedding_cache_stats(&self) -> Option<EmbeddingCacheStats> {
+        self.encoder.cache().map(|c| c.stats())
+    }
+}
+
+impl EmbeddingClassifier {
+    fn log_cache_stats(&self) {
+        if let Some(stats) = self.embedding_cache_stats() {
+            tracing::debug!(
+                hits = stats.hits,
+                misses = stats.misses,
+                entries = stats.entries,
+                "embedding cache"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{changed_beyond_case, normalize_for_model, sentences};
-
-    #[test]
-    fn sentences_are_distinct_and_have_three_words() {
-        let text = "Hi. The cat sat down. The cat sat down!\nOk then\nI will find you; see you";
-        assert_eq!(sentences(text), ["The cat sat down", "I will find you"]);
-    }
+    use super::{changed_beyond_case, normalize_for_model};
 
     #[test]
     fn ordinary_text_needs_no_second_view() {

@@ -1,0 +1,231 @@
+//! Multi-head self-attention over a batch of sequences stored one after
+//! another without padding: each sequence attends to its own tokens only,
+//! so no token is computed for nothing and no mask is needed.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::ops::exp;
+use crate::simd::{dispatch, max_of, sum_by};
+
+/// The context vectors of every token.
+///
+/// `qkv` holds per token its query, key and value (`3 * hidden` values,
+/// `hidden = heads * head_dim`, each head's values contiguous); `seqs` are
+/// the token ranges of the sequences, in order and disjoint; `out` gets
+/// `hidden` values per token. Softmax(q·kᵀ/√d)·v per sequence and head.
+pub fn attention(
+    qkv: &[f32],
+    seqs: &[Range<usize>],
+    heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    let hidden = heads * head_dim;
+    let tokens = out.len() / hidden;
+    assert_eq!(out.len(), tokens * hidden, "out is not tokens x hidden");
+    assert_eq!(
+        qkv.len(),
+        tokens * 3 * hidden,
+        "qkv is not tokens x 3 hidden"
+    );
+    let mut end = 0;
+    for s in seqs {
+        assert!(
+            s.start >= end && s.end <= tokens,
+            "sequences overlap or overrun"
+        );
+        end = s.end;
+    }
+    let out = Out(out.as_mut_ptr());
+    let job = |(s, h): (usize, usize)| {
+        let seq = &seqs[s];
+        let mut scratch = SCRATCH.take();
+        // SAFETY: the sequences are disjoint ranges of `out`'s rows and each
+        // task writes one head's columns of one sequence's rows.
+        unsafe {
+            head(
+                &qkv[seq.start * 3 * hidden..seq.end * 3 * hidden],
+                h,
+                heads,
+                head_dim,
+                out.at(seq.start * hidden),
+                &mut scratch,
+            )
+        };
+        SCRATCH.set(scratch);
+    };
+    let tasks = seqs.len() * heads;
+    // Multiply-adds of the whole batch: small ones stay on one thread.
+    let work: usize = seqs.iter().map(|s| s.len() * s.len()).sum::<usize>() * hidden;
+    if work < 1 << 18 {
+        (0..tasks).map(|t| (t / heads, t % heads)).for_each(job);
+    } else {
+        (0..tasks)
+            .into_par_iter()
+            .map(|t| (t / heads, t % heads))
+            .for_each(job);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+impl Out {
+    /// # Safety
+    /// `offset` must be within the buffer.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        self.0.add(offset)
+    }
+}
+// SAFETY: see `attention`: tasks write disjoint parts.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+thread_local! {
+    /// Transposed keys and one row of scores, reused by the tasks a thread runs.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Head `h` of one sequence.
+///
+/// # Safety
+/// `out` must point to the sequence's `len x hidden` outputs, whose
+/// columns of head `h` no other thread touches.
+unsafe fn head(
+    qkv: &[f32],
+    h: usize,
+    heads: usize,
+    head_dim: usize,
+    out: *mut f32,
+    scratch: &mut Vec<f32>,
+) {
+    let hidden = heads * head_dim;
+    let len = qkv.len() / (3 * hidden);
+    let outputs = std::slice::from_raw_parts_mut(out, len * hidden);
+    head_into(qkv, h, head_dim, hidden, outputs, scratch);
+}
+
+dispatch! {
+    fn head_into(
+        qkv: &[f32],
+        h: usize,
+        head_dim: usize,
+        hidden: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let stride = 3 * hidden;
+        let len = qkv.len() / stride;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let (qo, ko, vo) = (h * head_dim, hidden + h * head_dim, 2 * hidden + h * head_dim);
+        scratch.clear();
+        scratch.resize(head_dim * len + len, 0.0);
+        let (kt, scores) = scratch.split_at_mut(head_dim * len);
+        // Keys transposed, so that a query's scores are sums of whole rows.
+        for j in 0..len {
+            for d in 0..head_dim {
+                kt[d * len + j] = qkv[j * stride + ko + d];
+            }
+        }
+        for i in 0..len {
+            let q = &qkv[i * stride + qo..i * stride + qo + head_dim];
+            scores.fill(0.0);
+            for (d, &qd) in q.iter().enumerate() {
+                for (s, k) in scores.iter_mut().zip(&kt[d * len..(d + 1) * len]) {
+                    *s += qd * *k;
+                }
+            }
+            for s in scores.iter_mut() {
+                *s *= scale;
+            }
+            let max = max_of(scores);
+            for s in scores.iter_mut() {
+                *s = exp(*s - max);
+            }
+            let inv = 1.0 / sum_by(scores, |v| v);
+            let o = &mut out[i * hidden + h * head_dim..i * hidden + (h + 1) * head_dim];
+            o.fill(0.0);
+            for (j, &e) in scores.iter().enumerate() {
+                let p = e * inv;
+                let v = &qkv[j * stride + vo..j * stride + vo + head_dim];
+                for (a, b) in o.iter_mut().zip(v) {
+                    *a += p * *b;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Straightforward attention of one sequence in f64.
+    fn reference(qkv: &[f32], len: usize, heads: usize, dh: usize) -> Vec<f32> {
+        let hidden = heads * dh;
+        let at = |t: usize, part: usize, h: usize, d: usize| {
+            qkv[t * 3 * hidden + part * hidden + h * dh + d] as f64
+        };
+        let mut out = vec![0f32; len * hidden];
+        for h in 0..heads {
+            for i in 0..len {
+                let s: Vec<f64> = (0..len)
+                    .map(|j| {
+                        (0..dh)
+                            .map(|d| at(i, 0, h, d) * at(j, 1, h, d))
+                            .sum::<f64>()
+                            / (dh as f64).sqrt()
+                    })
+                    .collect();
+                let max = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..dh {
+                    out[i * hidden + h * dh + d] =
+                        ((0..len).map(|j| e[j] * at(j, 2, h, d)).sum::<f64>() / sum) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn each_sequence_attends_to_itself_only() {
+        let (heads, dh) = (3, 8);
+        let hidden = heads * dh;
+        let lens = [5, 1, 9];
+        let total: usize = lens.iter().sum();
+        let qkv = values(total * 3 * hidden, 11);
+        let mut seqs = Vec::new();
+        let mut start = 0;
+        for l in lens {
+            seqs.push(start..start + l);
+            start += l;
+        }
+        let mut out = vec![0f32; total * hidden];
+        attention(&qkv, &seqs, heads, dh, &mut out);
+        for s in &seqs {
+            let alone = reference(
+                &qkv[s.start * 3 * hidden..s.end * 3 * hidden],
+                s.len(),
+                heads,
+                dh,
+            );
+            for (a, b) in out[s.start * hidden..s.end * hidden].iter().zip(&alone) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
+    }
+}
