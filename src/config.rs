@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Toml};
@@ -18,7 +18,17 @@ use crate::store::Tier;
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
 /// Environment variables with the prefix that are not configuration keys.
-const NON_CONFIG_ENV: &[&str] = &["config", "test_pg_url", "test_redis_url", "log"];
+/// Everything else with the prefix must be a configuration key: a misspelt
+/// one is refused at start rather than silently doing nothing.
+const NON_CONFIG_ENV: &[&str] = &[
+    "config",
+    "test_pg_url",
+    "test_redis_url",
+    "log",
+    "bench_pg_url",
+    "bench_classifier",
+    "datasets",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -61,7 +71,10 @@ pub enum ImageClassifierKind {
     None,
 }
 
+// Every section refuses unknown keys (`deny_unknown_fields`), so that a typo
+// such as MODERATO_LIMITS__MAX_ITEM is an error naming the key.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     pub addr: SocketAddr,
     /// May hold a password: never log it.
@@ -72,6 +85,7 @@ pub struct Config {
     pub text_classifier: TextClassifierKind,
     pub image_classifier: ImageClassifierKind,
     pub shutdown_grace_ms: u64,
+    pub server: ServerConfig,
     pub limits: Limits,
     pub auth: AuthConfig,
     pub plans: Plans,
@@ -83,7 +97,9 @@ pub struct Config {
     pub text_model: TextModelConfig,
 }
 
+/// The text model's settings beyond the shipped heads.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TextModelConfig {
     /// Window embeddings kept across requests (0: no cache).
     pub embedding_cache_entries: usize,
@@ -92,7 +108,22 @@ pub struct TextModelConfig {
 /// About 1.6 KB an entry: the cap keeps a typo from claiming gigabytes.
 pub const MAX_EMBEDDING_CACHE_ENTRIES: usize = 1_000_000;
 
+/// How connections are served: the bounds that keep slow or idle clients
+/// from holding the server.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Time to receive a complete request header after the connection opens
+    /// or its previous response ends (so also the keep-alive idle timeout).
+    pub header_read_timeout_ms: u64,
+    /// Time to receive the whole request body.
+    pub body_read_timeout_ms: u64,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: usize,
     pub max_items: usize,
@@ -102,16 +133,78 @@ pub struct Limits {
 }
 
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     pub key_cache_ttl_ms: u64,
     pub failed_auth_per_minute: u32,
-    pub trust_forwarded_for: bool,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpBlock>,
     pub pepper_file: PathBuf,
     pub pepper: Option<Secret>,
 }
 
+/// An address or a CIDR block (`10.0.0.0/8`, `2001:db8::/32`).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub struct IpBlock {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl IpBlock {
+    pub fn contains(&self, address: IpAddr) -> bool {
+        // An IPv4 peer may arrive as an IPv4-mapped IPv6 address.
+        let address = match address {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.network, address) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
+            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+/// Whether the first `prefix` bits of `a` and `b` are equal.
+fn prefix_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
+    let (whole, rest) = (usize::from(prefix / 8), prefix % 8);
+    if a[..whole] != b[..whole] {
+        return false;
+    }
+    rest == 0 || {
+        let mask = 0xFFu8 << (8 - rest);
+        a[whole] & mask == b[whole] & mask
+    }
+}
+
+impl TryFrom<String> for IpBlock {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<IpBlock, String> {
+        let invalid =
+            || format!("{text:?} is not an IP address or CIDR block (such as 10.0.0.0/8)");
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text.trim(), None),
+        };
+        let network: IpAddr = address.parse().map_err(|_| invalid())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(invalid)?,
+            None => max,
+        };
+        Ok(IpBlock { network, prefix })
+    }
+}
+
 /// Requests per minute of each plan.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct Plans {
     pub free: u32,
     pub basic: u32,
@@ -131,6 +224,7 @@ impl Plans {
 }
 
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SigningConfig {
     pub key_file: PathBuf,
     pub private_key: Option<Secret>,
@@ -138,6 +232,7 @@ pub struct SigningConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UsageConfig {
     pub buffer_capacity: usize,
     pub batch_size: usize,
@@ -146,6 +241,7 @@ pub struct UsageConfig {
 
 /// Per-category threshold overrides, keyed by the API category name.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ThresholdOverrides {
     #[serde(default)]
     pub text: BTreeMap<String, f32>,
@@ -202,6 +298,10 @@ impl Config {
         if self.auth.failed_auth_per_minute == 0 {
             return invalid("auth.failed_auth_per_minute must be at least 1".into());
         }
+        let s = &self.server;
+        if s.header_read_timeout_ms == 0 || s.body_read_timeout_ms == 0 || s.max_connections == 0 {
+            return invalid("server.header_read_timeout_ms, body_read_timeout_ms and max_connections must be positive".into());
+        }
         let l = &self.limits;
         if l.max_body_bytes == 0 || l.max_items == 0 || l.max_text_chars == 0 {
             return invalid(
@@ -239,7 +339,11 @@ impl Config {
 /// `MODERATO_VISION_BASE_URL`, `_MODEL` and `_API_KEY` → `vision.*`.
 fn environment() -> Env {
     Env::prefixed("MODERATO_")
-        .filter(|key| !NON_CONFIG_ENV.contains(&key.as_str()))
+        .filter(|key| {
+            !NON_CONFIG_ENV
+                .iter()
+                .any(|name| key.as_str().eq_ignore_ascii_case(name))
+        })
         .map(|key| {
             let key = key.as_str().to_ascii_lowercase();
             let mapped = match key.strip_prefix("vision_") {
@@ -289,6 +393,65 @@ mod tests {
                 "database password leaked into Debug"
             );
             assert!(!debug.contains("sk-secret"), "vision key leaked into Debug");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_name() {
+        for (variable, name) in [
+            ("MODERATO_LIMITS__MAX_ITEM", "max_item"),
+            ("MODERATO_LIMITS__IMAGE__MAX_PIXEL", "max_pixel"),
+            ("MODERATO_SERVER__IDLE", "idle"),
+            ("MODERATO_VISION__TIMEOUT", "timeout"),
+            ("MODERATO_DATABASE", "database"),
+        ] {
+            figment::Jail::expect_with(|jail| {
+                jail.set_env(variable, "3");
+                let err = Config::load(None).unwrap_err().to_string();
+                assert!(err.contains(name), "{variable}: {err}");
+                Ok(())
+            });
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("extra.toml", "[auth]\ntrust_forwarded_for = true\n")?;
+            let err = Config::load(Some(Path::new("extra.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("trust_forwarded_for"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_cidr_blocks() {
+        let block = |s: &str| IpBlock::try_from(s.to_string());
+        let ten = block("10.0.0.0/8").unwrap();
+        assert!(ten.contains("10.200.1.2".parse().unwrap()));
+        assert!(ten.contains("::ffff:10.0.0.1".parse().unwrap()));
+        assert!(!ten.contains("11.0.0.1".parse().unwrap()));
+        let one = block("192.0.2.7").unwrap();
+        assert!(one.contains("192.0.2.7".parse().unwrap()));
+        assert!(!one.contains("192.0.2.8".parse().unwrap()));
+        let v6 = block("2001:db8::/33").unwrap();
+        assert!(v6.contains("2001:db8:7fff::1".parse().unwrap()));
+        assert!(!v6.contains("2001:db8:8000::1".parse().unwrap()));
+        assert!(block("0.0.0.0/0")
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
+            assert!(block(bad).is_err(), "{bad}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "MODERATO_AUTH__TRUSTED_PROXIES",
+                "[\"10.0.0.0/8\", \"fd00::/8\"]",
+            );
+            let config = Config::load(None).expect("valid");
+            assert_eq!(config.auth.trusted_proxies.len(), 2);
+            jail.set_env("MODERATO_AUTH__TRUSTED_PROXIES", "[\"10.0.0.0/40\"]");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("10.0.0.0/40"), "{err}");
             Ok(())
         });
     }

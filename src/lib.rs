@@ -16,8 +16,6 @@ pub mod telemetry;
 pub mod usage;
 
 use std::collections::HashMap;
-use std::future::IntoFuture;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -79,18 +77,21 @@ pub async fn run(
         limiter,
         failed_auth: ratelimit::FailedAuthLimiter::new(config.auth.failed_auth_per_minute),
         usage: recorder,
-        trust_forwarded_for: config.auth.trust_forwarded_for,
+        trusted_proxies: config.auth.trusted_proxies.clone(),
+        body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
         signer,
     }));
-    let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let app = http::router(state);
     tracing::info!(address = %listener.local_addr()?, "moderato listening");
 
-    let stop = shutdown.clone();
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
-    let mut server = std::pin::pin!(server.into_future());
+    let connection_limits = http::serve::ConnectionLimits {
+        header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+        max_connections: config.server.max_connections,
+    };
+    let server = http::serve::serve(listener, app, connection_limits, shutdown.clone());
+    let mut server = std::pin::pin!(server);
     tokio::select! {
-        result = &mut server => result?,
+        () = &mut server => {},
         () = shutdown.cancelled() => {
             if tokio::time::timeout(grace, &mut server).await.is_err() {
                 tracing::warn!(grace_ms = config.shutdown_grace_ms, "requests still in flight after the grace period were cut off");

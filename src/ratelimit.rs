@@ -266,11 +266,19 @@ impl RateLimiter {
     }
 }
 
-/// Failed authentications per client address: past the allowance an address
-/// is refused before any key look-up until its allowance refills.
+/// Database look-ups in flight at once on behalf of blocked addresses.
+const BLOCKED_LOOKUP_SLOTS: usize = 2;
+
+/// Failed authentications per client address. Past the allowance an address
+/// is blocked until its allowance refills: its requests without a valid key
+/// get 429, and its keys that are not cached are looked up only through a
+/// couple of shared slots. The limiter spares the database; it never refuses
+/// a valid key (behind a NAT or a proxy, one address is many clients, and
+/// guessing a 256-bit secret is hopeless anyway).
 pub struct FailedAuthLimiter {
     limiter: DefaultKeyedRateLimiter<IpAddr>,
     blocked_until: Mutex<HashMap<IpAddr, Instant>>,
+    lookup_slots: tokio::sync::Semaphore,
 }
 
 impl FailedAuthLimiter {
@@ -279,7 +287,16 @@ impl FailedAuthLimiter {
         FailedAuthLimiter {
             limiter: DefaultKeyedRateLimiter::keyed(quota),
             blocked_until: Mutex::new(HashMap::new()),
+            lookup_slots: tokio::sync::Semaphore::new(BLOCKED_LOOKUP_SLOTS),
         }
+    }
+
+    /// Waits for one of the look-up slots shared by every blocked address.
+    pub async fn lookup_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.lookup_slots
+            .acquire()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// `Some(wait)` while the address is blocked.

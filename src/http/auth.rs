@@ -7,14 +7,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::EXPECT;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
 
 use super::error::{retry_after_secs, ApiError};
 use super::request_id::RequestId;
 use super::AppState;
+use crate::config::IpBlock;
 use crate::keys::PresentedKey;
 use crate::ratelimit::Decision;
 use crate::store::{ApiKeyRecord, KeyId, Store, StoreError, UsageEvent};
@@ -56,6 +60,7 @@ impl KeyCache {
         Ok(record)
     }
 
+    /// The cached look-up of `id`, if fresh: `Some(None)` is a cached "no such key".
     fn cached(&self, id: &KeyId) -> Option<Option<ApiKeyRecord>> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries
@@ -71,29 +76,40 @@ pub struct AuthenticatedKey(pub ApiKeyRecord);
 
 pub async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let address = client_address(&request, state.trust_forwarded_for);
-    if let Some(wait) = state.failed_auth.blocked(address) {
-        return ApiError::RateLimited { retry_after: wait }.into_response();
-    }
-    let record = match identify(&state, request.headers()).await {
+    // Both are construction bugs when missing: refuse rather than meter
+    // under an empty id (which the store would drop) or share one bucket.
+    let Some(request_id) = request.extensions().get::<RequestId>().map(|r| r.0.clone()) else {
+        return ApiError::Internal("the request-id layer is missing from the router".into())
+            .into_response();
+    };
+    let Some(peer) = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+    else {
+        return ApiError::Internal(
+            "ConnectInfo is missing: the server must provide the peer address".into(),
+        )
+        .into_response();
+    };
+    let address = client_address(peer.ip(), request.headers(), &state.trusted_proxies);
+    let blocked = state.failed_auth.blocked(address);
+    let record = match identify(&state, request.headers(), blocked.is_some()).await {
         Ok(record) => record,
         Err(error @ (ApiError::MissingApiKey | ApiError::InvalidApiKey)) => {
-            return match state.failed_auth.record_failure(address) {
-                Some(wait) => ApiError::RateLimited { retry_after: wait }.into_response(),
-                None => error.into_response(),
+            let refusal = match blocked.or_else(|| state.failed_auth.record_failure(address)) {
+                Some(wait) => ApiError::RateLimited { retry_after: wait },
+                None => error,
             };
+            return refuse(request, refusal, &state).await;
         }
-        Err(other) => return other.into_response(),
+        Err(other) => return refuse(request, other, &state).await,
     };
     // Reserve the usage event's place before doing anything billable.
     let Ok(permit) = state.usage.reserve() else {
-        return ApiError::ServiceUnavailable("usage queue full".into()).into_response();
+        let full = ApiError::ServiceUnavailable("usage queue full".into());
+        return refuse(request, full, &state).await;
     };
-    let request_id = request
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
     let rpm = record
         .custom_rpm
         .unwrap_or_else(|| state.plans.rpm(record.tier));
@@ -106,10 +122,10 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
             .insert(AuthenticatedKey(record.clone()));
         next.run(request).await
     } else {
-        ApiError::RateLimited {
+        let limited = ApiError::RateLimited {
             retry_after: decision.retry_after,
-        }
-        .into_response()
+        };
+        refuse(request, limited, &state).await
     };
     add_rate_limit_headers(response.headers_mut(), &decision);
 
@@ -137,15 +153,62 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
     response
 }
 
-async fn identify(state: &AppState, headers: &HeaderMap) -> Result<ApiKeyRecord, ApiError> {
+/// How long a refused request's body may take to arrive before the refusal
+/// is sent with `Connection: close` instead.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Answers a request refused before its body was read. The body is read
+/// and dropped first (bounded by the body limit and [`DRAIN_TIMEOUT`]), so
+/// that the keep-alive connection stays usable for the client's next
+/// request; if it cannot be, the guard layer adds `Connection: close`.
+async fn refuse(request: Request, error: ApiError, state: &AppState) -> Response {
+    let expects_continue = request
+        .headers()
+        .get(EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    // A client waiting for "100 Continue" has not sent its body: do not invite it.
+    if !expects_continue {
+        let limit = state.limits.max_body_bytes;
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain(request.into_body(), limit)).await;
+    }
+    error.into_response()
+}
+
+/// Reads and drops up to `limit` bytes of `body`.
+async fn drain(mut body: Body, limit: usize) {
+    let mut read = 0usize;
+    while let Some(Ok(frame)) = body.frame().await {
+        read += frame.data_ref().map_or(0, |d| d.len());
+        if read > limit {
+            return;
+        }
+    }
+}
+
+/// The key's record if the presented key is valid. While `address_blocked`
+/// (the address failed too often), a key that is not in the cache is looked
+/// up only through the limiter's few look-up slots: a valid key is still
+/// served, and guesses from that address cannot load the database.
+async fn identify(
+    state: &AppState,
+    headers: &HeaderMap,
+    address_blocked: bool,
+) -> Result<ApiKeyRecord, ApiError> {
     let value = headers.get(API_KEY_HEADER).ok_or(ApiError::MissingApiKey)?;
     let text = value.to_str().map_err(|_| ApiError::InvalidApiKey)?.trim();
     let presented = PresentedKey::parse(text).ok_or(ApiError::InvalidApiKey)?;
-    let record = state
-        .keys
-        .get(state.store.as_ref(), &presented.id)
-        .await?
-        .ok_or(ApiError::InvalidApiKey)?;
+    let cached = state.keys.cached(&presented.id);
+    let record = match cached {
+        Some(hit) => hit,
+        None => {
+            let _slot = match address_blocked {
+                true => Some(state.failed_auth.lookup_slot().await),
+                false => None,
+            };
+            state.keys.get(state.store.as_ref(), &presented.id).await?
+        }
+    }
+    .ok_or(ApiError::InvalidApiKey)?;
     if presented.verify(&record, &state.pepper) {
         Ok(record)
     } else {
@@ -153,21 +216,40 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<ApiKeyRecord,
     }
 }
 
-fn client_address(request: &Request, trust_forwarded_for: bool) -> IpAddr {
-    let forwarded = trust_forwarded_for
-        .then(|| request.headers().get("x-forwarded-for"))
-        .flatten()
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.trim().parse().ok());
-    forwarded
-        .or_else(|| {
-            request
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip())
-        })
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]))
+/// The client's address: the peer's, unless the peer is a trusted proxy.
+/// Then `X-Forwarded-For` is walked from the right (each trusted hop
+/// appended what it saw) to the first address that is not a trusted proxy;
+/// entries to its left are the client's own words and could be anything.
+fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpBlock]) -> IpAddr {
+    let is_trusted = |address: IpAddr| trusted.iter().any(|block| block.contains(address));
+    let mut client = peer;
+    if !is_trusted(peer) {
+        return client;
+    }
+    for value in headers.get_all("x-forwarded-for").iter().rev() {
+        let Ok(text) = value.to_str() else {
+            return client;
+        };
+        for entry in text.rsplit(',') {
+            let Some(address) = parse_forwarded_entry(entry) else {
+                return client;
+            };
+            client = address;
+            if !is_trusted(address) {
+                return client;
+            }
+        }
+    }
+    client
+}
+
+/// `192.0.2.1`, `2001:db8::1`, or either with a port (`[2001:db8::1]:443`).
+fn parse_forwarded_entry(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim();
+    entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
 
 /// `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit` fields.
@@ -195,5 +277,57 @@ fn add_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(name, value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for v in values {
+            map.append("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted = vec![IpBlock::try_from("10.0.0.0/8".to_string()).unwrap()];
+        let spoofed = headers(&["203.0.113.9"]);
+        // Not a trusted peer: its header is the client's own claim.
+        assert_eq!(
+            client_address(ip("198.51.100.1"), &spoofed, &trusted),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            client_address(ip("10.0.0.1"), &spoofed, &[]),
+            ip("10.0.0.1")
+        );
+        // Through two trusted hops, the client prepending a fake entry.
+        let chain = headers(&["1.2.3.4, 203.0.113.9", "10.0.0.7"]);
+        assert_eq!(
+            client_address(ip("10.0.0.1"), &chain, &trusted),
+            ip("203.0.113.9")
+        );
+        let with_port = headers(&["[2001:db8::5]:443"]);
+        assert_eq!(
+            client_address(ip("10.0.0.1"), &with_port, &trusted),
+            ip("2001:db8::5")
+        );
+        // Garbage or no header: the last trusted hop is all that is known.
+        assert_eq!(
+            client_address(ip("10.0.0.1"), &headers(&["nope"]), &trusted),
+            ip("10.0.0.1")
+        );
+        assert_eq!(
+            client_address(ip("10.0.0.1"), &HeaderMap::new(), &trusted),
+            ip("10.0.0.1")
+        );
     }
 }

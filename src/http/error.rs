@@ -23,6 +23,8 @@ pub enum ApiError {
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
+    RequestTimeout(String),
+    #[error("{0}")]
     InvalidImage(String),
     #[error("rate limit exceeded: retry after {} s", retry_after_secs(*.retry_after))]
     RateLimited { retry_after: Duration },
@@ -51,6 +53,7 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::InvalidImage(_) => (StatusCode::BAD_REQUEST, "invalid_image"),
             ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded"),
             ApiError::ServiceUnavailable(_) => {

@@ -1,16 +1,29 @@
 //! A JSON body extractor whose every rejection is an `ApiError` naming what
-//! to fix: the content type, the size limit, or the JSON path of the field.
+//! to fix: the content type, encoding or charset, the size limit, a
+//! duplicate key, or the JSON path of the field.
+//!
+//! Everything is checked that can be before the body is read: a declared
+//! length over the limit is refused at once.
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// The largest body the extractor reads, set per router as an extension.
+/// The largest body the extractor reads and how long it may take to arrive,
+/// set on the router as an extension.
 #[derive(Clone, Copy, Debug)]
-pub struct BodyLimit(pub usize);
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    /// A client that announces a body and never sends it must not hold a
+    /// connection and its task for longer.
+    pub read_timeout: Duration,
+}
 
 pub struct JsonBody<T>(pub T);
 
@@ -18,53 +31,92 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, _state: &S) -> Result<Self, ApiError> {
-        check_content_type(
-            request
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-        )?;
-        let limit = request
-            .extensions()
-            .get::<BodyLimit>()
-            .map_or(usize::MAX, |l| l.0);
-        let bytes = read_body(request.into_body(), limit).await?;
-        // serde would read a struct from an array too; the API takes objects only.
-        if let Some(first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-            if *first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() {
-                return Err(ApiError::InvalidRequest(
-                    "the request body must be a JSON object".into(),
-                ));
-            }
+        // Without the limits the body would be unbounded: a construction bug.
+        let limits = *request.extensions().get::<BodyLimits>().ok_or_else(|| {
+            ApiError::Internal("the BodyLimits extension is missing from the router".into())
+        })?;
+        check_headers(request.headers(), limits.max_bytes)?;
+        let bytes = read_body(request.into_body(), limits).await?;
+        if let Some(problem) = super::strict_json::check(&bytes) {
+            return Err(ApiError::InvalidRequest(problem));
         }
         parse_json(&bytes).map(JsonBody)
     }
 }
 
+/// What the headers alone can refuse: the media type, charset and encoding
+/// (the body would be misread otherwise), and a declared length over the limit.
+fn check_headers(headers: &HeaderMap, max_bytes: usize) -> Result<(), ApiError> {
+    check_content_type(headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+    check_content_encoding(headers)?;
+    check_declared_length(headers, max_bytes)
+}
+
 fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
-    let essence = content_type
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase());
-    match essence.as_deref() {
-        Some("application/json") => Ok(()),
-        Some(other) => Err(ApiError::UnsupportedMediaType(format!(
-            "Content-Type {other:?} is not supported: send the body as application/json"
-        ))),
-        None => Err(ApiError::UnsupportedMediaType(
+    let Some(content_type) = content_type else {
+        return Err(ApiError::UnsupportedMediaType(
             "the Content-Type header is missing: send application/json".into(),
-        )),
+        ));
+    };
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    if essence != "application/json" {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "Content-Type {essence:?} is not supported: send the body as application/json"
+        )));
+    }
+    for parameter in parts {
+        let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
+        let value = value.trim().trim_matches('"');
+        if name.trim().eq_ignore_ascii_case("charset")
+            && !value.eq_ignore_ascii_case("utf-8")
+            && !value.eq_ignore_ascii_case("utf8")
+        {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "charset {value:?} is not supported: send the body as UTF-8 (charset=utf-8)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The body is read as sent: an encoded body would be misread, not decoded.
+fn check_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(CONTENT_ENCODING) {
+        let text = value.to_str().unwrap_or("(not text)");
+        for coding in text.split(',').map(str::trim) {
+            if !coding.is_empty() && !coding.eq_ignore_ascii_case("identity") {
+                return Err(ApiError::UnsupportedMediaType(format!(
+                    "Content-Encoding {coding:?} is not supported: send the body unencoded"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_declared_length(headers: &HeaderMap, max_bytes: usize) -> Result<(), ApiError> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(length) if length > max_bytes as u64 => Err(ApiError::PayloadTooLarge(format!(
+            "the request body is {length} bytes, more than the limit of {max_bytes} bytes"
+        ))),
+        _ => Ok(()),
     }
 }
 
-/// A client that announces a body and never sends it must not hold a
-/// connection and its task forever.
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit))
+async fn read_body(body: Body, limits: BodyLimits) -> Result<bytes::Bytes, ApiError> {
+    let limit = limits.max_bytes;
+    let read = tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, limit))
         .await
         .map_err(|_| {
-            ApiError::InvalidRequest("the request body did not arrive within 30 seconds".into())
+            ApiError::RequestTimeout(format!(
+                "the request body did not arrive within {} ms; send it whole and promptly",
+                limits.read_timeout.as_millis()
+            ))
         })?;
     read.map_err(|error| {
         let too_large = std::error::Error::source(&error)
@@ -109,6 +161,18 @@ mod tests {
     fn content_types() {
         assert!(check_content_type(Some("application/json")).is_ok());
         assert!(check_content_type(Some("Application/JSON; charset=utf-8")).is_ok());
+        assert!(check_content_type(Some("application/json; charset=\"UTF-8\"")).is_ok());
+        for refused in [
+            "application/json; charset=utf-16",
+            "application/json;charset=ISO-8859-1",
+        ] {
+            let err = check_content_type(Some(refused)).unwrap_err();
+            assert!(
+                matches!(err, ApiError::UnsupportedMediaType(_)),
+                "{refused}"
+            );
+            assert!(err.to_string().contains("charset"), "{err}");
+        }
         assert!(matches!(
             check_content_type(Some("text/plain")),
             Err(ApiError::UnsupportedMediaType(_))
@@ -117,6 +181,49 @@ mod tests {
             check_content_type(None),
             Err(ApiError::UnsupportedMediaType(_))
         ));
+    }
+
+    #[test]
+    fn encodings_other_than_identity_are_refused() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_ENCODING, value.parse().unwrap());
+            check_content_encoding(&headers)
+        };
+        assert!(check_content_encoding(&HeaderMap::new()).is_ok());
+        assert!(with("identity").is_ok());
+        for refused in ["gzip", "br", "identity, deflate", "x-whatever"] {
+            assert!(
+                matches!(with(refused), Err(ApiError::UnsupportedMediaType(_))),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn declared_length_over_the_limit_is_refused_before_reading() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_LENGTH, value.parse().unwrap());
+            check_declared_length(&headers, 100)
+        };
+        assert!(with("100").is_ok());
+        assert!(matches!(with("101"), Err(ApiError::PayloadTooLarge(_))));
+        assert!(matches!(
+            with("99999999999999999999"),
+            Ok(()) | Err(ApiError::PayloadTooLarge(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn without_the_limits_extension_the_extractor_refuses_with_500() {
+        let request = Request::builder()
+            .method("POST")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        let result = JsonBody::<serde_json::Value>::from_request(request, &()).await;
+        assert!(matches!(result, Err(ApiError::Internal(_))));
     }
 
     #[derive(serde::Deserialize, Debug)]

@@ -266,6 +266,9 @@ pub fn decode(
         return Err(too_large_bytes(bytes.len(), limits.max_bytes));
     }
     check_magic(declared, &bytes)?;
+    if declared == ImageFormat::Jpeg {
+        check_jpeg_complete(&bytes)?;
+    }
     let (width, height) = read_dimensions(declared, &bytes, limits)?;
     check_dimensions(width, height, limits)?;
     let image = decode_pixels(declared, &bytes, limits)?;
@@ -292,6 +295,64 @@ fn check_magic(declared: ImageFormat, bytes: &[u8]) -> Result<(), ImageError> {
             declared.media_type(),
             declared.name()
         ))),
+    }
+}
+
+/// The JPEG decoder fills in what a truncated file is missing (grey), so a
+/// file cut short would be scored as if whole: walk the segments from SOI to
+/// the end-of-image marker and refuse the file if the data ends first.
+/// Segments are skipped by their lengths (an embedded thumbnail's own EOI is
+/// inside one), and data after EOI is left alone. Anything malformed is left
+/// to the decoder, which says what is wrong.
+fn check_jpeg_complete(bytes: &[u8]) -> Result<(), ImageError> {
+    let truncated = || {
+        ImageError::Invalid(
+            "the JPEG image is truncated: the data ends before its end-of-image marker".into(),
+        )
+    };
+    let mut at = 2; // past SOI
+    loop {
+        if at >= bytes.len() {
+            return Err(truncated());
+        }
+        if bytes[at] != 0xFF {
+            return Ok(()); // not a marker: the decoder's to judge
+        }
+        // Fill bytes may precede a marker.
+        while at + 1 < bytes.len() && bytes[at + 1] == 0xFF {
+            at += 1;
+        }
+        let Some(&marker) = bytes.get(at + 1) else {
+            return Err(truncated());
+        };
+        match marker {
+            0xD9 => return Ok(()),
+            0xD0..=0xD7 | 0x01 => at += 2, // no length
+            _ => {
+                let Some(length) = bytes.get(at + 2..at + 4) else {
+                    return Err(truncated());
+                };
+                at += 2 + usize::from(u16::from_be_bytes([length[0], length[1]]));
+                if marker == 0xDA {
+                    at = next_marker_after_scan(bytes, at).ok_or_else(truncated)?;
+                }
+            }
+        }
+    }
+}
+
+/// The position of the marker that ends the entropy-coded data starting at
+/// `from` (where 0xFF is followed by 0x00 stuffing or a restart marker
+/// inside the data), or `None` if the data runs to the end.
+fn next_marker_after_scan(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    loop {
+        at += bytes.get(at..)?.iter().position(|&b| b == 0xFF)?;
+        match *bytes.get(at + 1)? {
+            0x00 | 0xD0..=0xD7 => at += 2,
+            0xFF => at += 1,
+            _ => return Some(at),
+        }
     }
 }
 

@@ -47,7 +47,7 @@ const MAX_CACHE_ENTRIES: usize = 1_000_000;
 /// Operator configuration of the provider. Absent base URL and model means
 /// "no provider configured": images never leave the machine.
 #[derive(Clone, Deserialize, Serialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct VisionSettings {
     pub base_url: Option<String>,
     pub model: Option<String>,

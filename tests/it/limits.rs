@@ -117,11 +117,14 @@ async fn failed_authentication_is_limited_per_address(backend: Backend) {
     }
     assert_eq!(&statuses[..5], &[401; 5]);
     assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
-    // The address is blocked before any key look-up, valid key or not.
-    let (status, headers, body) = parts(app.moderate_text(&key, "x").await).await;
+    // The failing address is refused with Retry-After...
+    let wrong = "mdr_0123456789abcdef_wrongwrongwrongwrongwrongwrongwrongwrong123";
+    let (status, headers, body) = parts(app.moderate_text(wrong, "x").await).await;
     assert_eq!(status, 429);
     error_message(&body, "rate_limit_exceeded");
     assert!(headers.contains_key("retry-after"));
+    // ...but a valid key from the same address is not (issue 13, item 6).
+    assert_eq!(app.moderate_text(&key, "x").await.status(), 200);
 }
 
 on_both_backends!(

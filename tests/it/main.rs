@@ -4,6 +4,7 @@
 mod helpers;
 
 mod api;
+mod edge;
 mod images;
 mod keys;
 mod limits;
