@@ -21,6 +21,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 export MODERATO_DATABASE_URL="sqlite://$work/bench.db"
 export MODERATO_AUTH__PEPPER_FILE="$work/pepper"
 export MODERATO_SIGNING__KEY_FILE="$work/signing-key.pem"
+export MODERATO_USAGE__JOURNAL_DIR="$work/usage-journal"
 export MODERATO_LOG=warn
 key=$("$bin" keys create --name bench --tier enterprise --rpm 100000000 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 

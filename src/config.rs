@@ -132,6 +132,8 @@ pub struct UsageConfig {
     pub buffer_capacity: usize,
     pub batch_size: usize,
     pub flush_interval_ms: u64,
+    /// The usage journal's folder (and quarantine of unreadable files).
+    pub journal_dir: PathBuf,
 }
 
 /// Per-category threshold overrides, keyed by the API category name.

@@ -41,17 +41,6 @@ pub async fn run(
     let store = store::connect(&config.database_url.0)
         .await
         .context("opening the database")?;
-    let spill_dir = spill_dir(&config);
-    match usage::load_spilled(store.as_ref(), &spill_dir).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            events = n,
-            "usage events spilled at the last shutdown are now stored"
-        ),
-        Err(error) => {
-            tracing::warn!(%error, "spilled usage events not loaded yet; will retry at next start")
-        }
-    }
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);
@@ -66,9 +55,16 @@ pub async fn run(
         usage::UsageSettings {
             capacity: config.usage.buffer_capacity,
             batch_size: config.usage.batch_size,
-            spill_dir,
+            journal_dir: config.usage.journal_dir.clone(),
+            legacy_spill_dir: legacy_spill_dir(&config),
         },
-    );
+    )
+    .with_context(|| {
+        format!(
+            "opening the usage journal in {}",
+            config.usage.journal_dir.display()
+        )
+    })?;
     let state = http::AppState(Arc::new(http::Shared {
         limits: config.limits.clone(),
         engine,
@@ -103,13 +99,9 @@ pub async fn run(
     Ok(())
 }
 
-fn spill_dir(config: &Config) -> PathBuf {
-    config
-        .auth
-        .pepper_file
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("data"))
+/// Earlier versions spilled usage events beside the pepper file.
+fn legacy_spill_dir(config: &Config) -> Option<PathBuf> {
+    config.auth.pepper_file.parent().map(Path::to_path_buf)
 }
 
 pub fn load_pepper(config: &Config) -> anyhow::Result<keys::Pepper> {
