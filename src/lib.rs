@@ -67,6 +67,7 @@ pub async fn run(
     })?;
     let state = http::AppState(Arc::new(http::Shared {
         limits: config.limits.clone(),
+        budget: config.budget.clone(),
         engine,
         store,
         keys: http::auth::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
@@ -161,7 +162,18 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         image_thresholds,
         image_limits: config.limits.image.clone(),
         vision,
+        budget: engine_budget(&config.budget),
     }))
+}
+
+fn engine_budget(budget: &config::BudgetConfig) -> moderation::engine::EngineBudget {
+    moderation::engine::EngineBudget {
+        max_request_pixels: budget.max_request_pixels,
+        decode_memory_bytes: budget.decode_memory_bytes,
+        decode_wait: Duration::from_millis(budget.decode_wait_ms),
+        deadline: Duration::from_millis(budget.request_deadline_ms),
+        light_job_chars: budget.light_job_chars,
+    }
 }
 
 type TextCache = Mutex<HashMap<(String, PathBuf), Arc<dyn TextClassifier>>>;

@@ -1,5 +1,5 @@
 //! The real binary as a child process, for what the in-process app cannot
-//! show: a SIGKILL.
+//! show: a SIGKILL, or the peak memory of the whole process.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -85,6 +85,17 @@ impl ChildServer {
             .take()
             .map(|l| l.join().unwrap_or_default())
             .unwrap_or_default()
+    }
+
+    /// A `/proc/<pid>/status` field in kB (VmHWM, VmRSS).
+    pub fn status_kb(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.id()))
+            .expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc status"))
     }
 }
 

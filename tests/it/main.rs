@@ -5,6 +5,7 @@ mod child;
 mod helpers;
 
 mod api;
+mod budget;
 mod images;
 mod journal;
 mod keys;
