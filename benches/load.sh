@@ -28,6 +28,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 export MODERATO_DATABASE_URL="sqlite://$work/bench.db"
 export MODERATO_AUTH__PEPPER_FILE="$work/pepper"
 export MODERATO_SIGNING__KEY_FILE="$work/signing-key.pem"
+export MODERATO_USAGE__JOURNAL_DIR="$work/usage-journal"
 export MODERATO_LOG=warn
 # Measure the model, not the embedding cache: wrk repeats the same requests.
 export MODERATO_TEXT_MODEL__EMBEDDING_CACHE_ENTRIES="${MODERATO_TEXT_MODEL__EMBEDDING_CACHE_ENTRIES:-0}"

@@ -91,6 +91,7 @@ pub struct Config {
     pub plans: Plans,
     pub signing: SigningConfig,
     pub usage: UsageConfig,
+    pub budget: BudgetConfig,
     pub thresholds: ThresholdOverrides,
     #[serde(default)]
     pub vision: VisionSettings,
@@ -237,6 +238,46 @@ pub struct UsageConfig {
     pub buffer_capacity: usize,
     pub batch_size: usize,
     pub flush_interval_ms: u64,
+    /// The usage journal's folder (and quarantine of unreadable files).
+    pub journal_dir: PathBuf,
+}
+
+/// What one request, and one key per minute, may ask of the CPU and memory.
+#[derive(Clone, Debug, Deserialize)]
+pub struct BudgetConfig {
+    /// Characters of all text items of one request together.
+    pub max_request_chars: usize,
+    /// Decoded pixels of all image items of one request together.
+    pub max_request_pixels: u64,
+    /// Memory every request together may hold for decoding images.
+    pub decode_memory_bytes: u64,
+    /// How long a request waits for its share of `decode_memory_bytes`.
+    pub decode_wait_ms: u64,
+    /// After this, a request's remaining work is cancelled.
+    pub request_deadline_ms: u64,
+    /// CPU jobs up to this many characters run in the light lane.
+    pub light_job_chars: usize,
+    pub chars_per_minute: CharsPerMinute,
+}
+
+/// Text characters per minute of each plan.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct CharsPerMinute {
+    pub free: u32,
+    pub basic: u32,
+    pub pro: u32,
+    pub enterprise: u32,
+}
+
+impl CharsPerMinute {
+    pub fn of(&self, tier: Tier) -> u32 {
+        match tier {
+            Tier::Free => self.free,
+            Tier::Basic => self.basic,
+            Tier::Pro => self.pro,
+            Tier::Enterprise => self.enterprise,
+        }
+    }
 }
 
 /// Per-category threshold overrides, keyed by the API category name.
@@ -316,6 +357,7 @@ impl Config {
         if self.usage.buffer_capacity == 0 || self.usage.batch_size == 0 {
             return invalid("usage.buffer_capacity and usage.batch_size must be positive".into());
         }
+        self.validate_budget()?;
         for (section, map) in [
             ("text", &self.thresholds.text),
             ("image", &self.thresholds.image),
@@ -329,6 +371,36 @@ impl Config {
                         "thresholds.{section}.{name:?} must be within [0, 1]"
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn validate_budget(&self) -> Result<(), ConfigError> {
+        let b = &self.budget;
+        let positive = [
+            ("max_request_chars", b.max_request_chars as u64),
+            ("max_request_pixels", b.max_request_pixels),
+            ("decode_memory_bytes", b.decode_memory_bytes),
+            ("request_deadline_ms", b.request_deadline_ms),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(ConfigError::Invalid(format!(
+                "budget.{name} must be positive"
+            )));
+        }
+        if b.decode_memory_bytes / 1024 > u64::from(u32::MAX) {
+            return Err(ConfigError::Invalid(
+                "budget.decode_memory_bytes must be below 4 TiB".into(),
+            ));
+        }
+        for tier in Tier::ALL {
+            if b.chars_per_minute.of(tier) == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "budget.chars_per_minute.{tier} must be at least 1"
+                )));
             }
         }
         Ok(())

@@ -39,17 +39,6 @@ pub async fn run(
     let store = store::connect(&config.database_url.0)
         .await
         .context("opening the database")?;
-    let spill_dir = spill_dir(&config);
-    match usage::load_spilled(store.as_ref(), &spill_dir).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            events = n,
-            "usage events spilled at the last shutdown are now stored"
-        ),
-        Err(error) => {
-            tracing::warn!(%error, "spilled usage events not loaded yet; will retry at next start")
-        }
-    }
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);
@@ -64,11 +53,19 @@ pub async fn run(
         usage::UsageSettings {
             capacity: config.usage.buffer_capacity,
             batch_size: config.usage.batch_size,
-            spill_dir,
+            journal_dir: config.usage.journal_dir.clone(),
+            legacy_spill_dir: legacy_spill_dir(&config),
         },
-    );
+    )
+    .with_context(|| {
+        format!(
+            "opening the usage journal in {}",
+            config.usage.journal_dir.display()
+        )
+    })?;
     let state = http::AppState(Arc::new(http::Shared {
         limits: config.limits.clone(),
+        budget: config.budget.clone(),
         engine,
         store,
         keys: http::auth::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
@@ -104,13 +101,9 @@ pub async fn run(
     Ok(())
 }
 
-fn spill_dir(config: &Config) -> PathBuf {
-    config
-        .auth
-        .pepper_file
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("data"))
+/// Earlier versions spilled usage events beside the pepper file.
+fn legacy_spill_dir(config: &Config) -> Option<PathBuf> {
+    config.auth.pepper_file.parent().map(Path::to_path_buf)
 }
 
 pub fn load_pepper(config: &Config) -> anyhow::Result<keys::Pepper> {
@@ -174,7 +167,18 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         image_thresholds,
         image_limits: config.limits.image.clone(),
         vision,
+        budget: engine_budget(&config.budget),
     }))
+}
+
+fn engine_budget(budget: &config::BudgetConfig) -> moderation::engine::EngineBudget {
+    moderation::engine::EngineBudget {
+        max_request_pixels: budget.max_request_pixels,
+        decode_memory_bytes: budget.decode_memory_bytes,
+        decode_wait: Duration::from_millis(budget.decode_wait_ms),
+        deadline: Duration::from_millis(budget.request_deadline_ms),
+        light_job_chars: budget.light_job_chars,
+    }
 }
 
 type TextCache = Mutex<HashMap<(String, PathBuf), Arc<dyn TextClassifier>>>;

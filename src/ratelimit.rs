@@ -80,11 +80,27 @@ pub struct LocalLimiter {
 
 impl LocalLimiter {
     pub fn check(&self, bucket: &str, rpm: u32) -> Decision {
-        let rpm = rpm.max(1);
+        self.check_n(bucket, rpm, 1)
+    }
+
+    /// Counts `cost` units (characters, say) against `bucket`'s allowance of
+    /// `per_minute`; a cost over the whole allowance is always refused.
+    pub fn check_n(&self, bucket: &str, per_minute: u32, cost: u32) -> Decision {
+        let rpm = per_minute.max(1);
+        let cost = NonZeroU32::new(cost).unwrap_or(NonZeroU32::MIN);
         let limiter = self.limiter_for(bucket, rpm);
         let clock = DefaultClock::default();
         let interval = emission_interval(rpm);
-        match limiter.check() {
+        let Ok(checked) = limiter.check_n(cost) else {
+            return Decision {
+                allowed: false,
+                limit: rpm,
+                remaining: 0,
+                reset_after: interval * rpm,
+                retry_after: Duration::from_secs(60),
+            };
+        };
+        match checked {
             Ok(snapshot) => {
                 let remaining = snapshot.remaining_burst_capacity();
                 let used = rpm.saturating_sub(remaining);
@@ -102,7 +118,7 @@ impl LocalLimiter {
                     allowed: false,
                     limit: rpm,
                     remaining: 0,
-                    reset_after: wait + interval * (rpm - 1),
+                    reset_after: wait + interval * rpm.saturating_sub(cost.get()),
                     retry_after: wait,
                 }
             }
@@ -127,19 +143,22 @@ impl LocalLimiter {
 }
 
 /// GCRA in Redis. Times are microseconds on Redis's own clock, so replicas
-/// with skewed clocks still agree. Returns {allowed, tat_after_us, retry_us}.
+/// with skewed clocks still agree. A request costs ARGV[3] units (1 by
+/// default; characters for the character allowance). Returns
+/// {allowed, tat_after_us, retry_us}.
 const GCRA_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
-local tolerance = interval * (burst - 1)
+local cost = tonumber(ARGV[3] or '1')
+local tolerance = interval * (burst - cost)
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 if tat - now > tolerance then
   return {0, tat - now, tat - tolerance - now}
 end
-local new_tat = tat + interval
+local new_tat = tat + interval * cost
 redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
 return {1, new_tat - now, 0}
 ";
@@ -153,11 +172,14 @@ struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    async fn check(&self, bucket: &str, rpm: u32) -> Result<Decision, String> {
+    async fn check(&self, bucket: &str, rpm: u32, cost: u32) -> Result<Decision, String> {
         let mut connection = self.connection().await?;
         let interval = emission_interval(rpm);
         let mut invocation = self.script.key(format!("{}{}", self.prefix, bucket));
-        invocation.arg(interval.as_micros() as u64).arg(rpm);
+        invocation
+            .arg(interval.as_micros() as u64)
+            .arg(rpm)
+            .arg(cost);
         let call = invocation.invoke_async::<(i64, i64, i64)>(&mut connection);
         let (allowed, tat_after, retry) = tokio::time::timeout(REDIS_TIMEOUT, call)
             .await
@@ -244,14 +266,22 @@ impl RateLimiter {
 
     /// Counts one request against `bucket`'s allowance of `rpm` per minute.
     pub async fn check(&self, bucket: &str, rpm: u32) -> (Decision, Backend) {
-        let rpm = rpm.max(1);
+        self.check_n(bucket, rpm, 1).await
+    }
+
+    /// Counts `cost` units against `bucket`'s allowance of `per_minute`
+    /// (GCRA with a burst of one minute's allowance): characters per minute
+    /// beside requests per minute. A cost over `per_minute` is refused.
+    pub async fn check_n(&self, bucket: &str, per_minute: u32, cost: u32) -> (Decision, Backend) {
+        let per_minute = per_minute.max(1);
+        let cost = cost.max(1);
         if let Some(redis) = &self.redis {
-            match redis.check(bucket, rpm).await {
+            match redis.check(bucket, per_minute, cost).await {
                 Ok(decision) => return (decision, Backend::Redis),
                 Err(reason) => self.warn_fallback(&reason),
             }
         }
-        (self.local.check(bucket, rpm), Backend::Local)
+        (self.local.check_n(bucket, per_minute, cost), Backend::Local)
     }
 
     fn warn_fallback(&self, reason: &str) {
@@ -348,6 +378,22 @@ mod tests {
         assert!(
             refused.reset_after > Duration::from_secs(59)
                 && refused.reset_after <= Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn weighted_costs_spend_the_allowance_by_their_size() {
+        let limiter = LocalLimiter::default();
+        let first = limiter.check_n("chars", 1000, 600);
+        assert!(first.allowed);
+        assert_eq!(first.remaining, 400);
+        let refused = limiter.check_n("chars", 1000, 600);
+        assert!(!refused.allowed, "600 more do not fit in the 400 left");
+        assert!(refused.retry_after > Duration::from_secs(11));
+        assert!(limiter.check_n("chars", 1000, 400).allowed);
+        assert!(
+            !limiter.check_n("other", 1000, 1001).allowed,
+            "over the whole allowance"
         );
     }
 

@@ -1,15 +1,20 @@
 //! Usage metering: every authenticated request becomes one `UsageEvent`,
-//! buffered in a bounded queue and written in batches by one task.
+//! made durable in a local journal before its response is sent, then
+//! written to the database in batches by one task.
 //!
 //! A request reserves its place in the queue before it is handled, so every
-//! response the service sends has its event stored or queued: when the queue
-//! is full (the database has been away for long), new requests get 503
-//! instead of going unrecorded. Batches that cannot be written are retried
-//! with back-off; at shutdown the queue is drained, and whatever the database
-//! still refuses after the grace period is spilled to a file that is loaded
-//! again at the next start.
+//! response the service sends has its event journaled and queued: when the
+//! queue is full (the database has been away for long), new requests get 503
+//! instead of going unrecorded. The journal (`journal.rs`) is fsync'd with
+//! group commit before a response leaves, trimmed once its events are
+//! stored, and whatever it still holds at the next start (a crash, or the
+//! database away at shutdown) is stored then. Batches that cannot be written
+//! are retried with back-off; events the database refuses for good go to
+//! the journal's `quarantine/` folder, never nowhere.
 
-use std::path::{Path, PathBuf};
+pub mod journal;
+
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Store, StoreError, UsageEvent};
+use journal::{Journal, JournalError, SegmentId};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -30,92 +36,199 @@ pub struct UsageStats {
     pub image_bytes: u64,
     pub deep_analyses: u32,
     pub flagged: bool,
+    /// Refused by a limit the handler applies (characters per minute).
+    pub rate_limited: bool,
 }
 
-/// The queue is full: the request must be refused, not served unmetered.
+/// The queue is full (or its writer has stopped): the request must be
+/// refused, not served unmetered.
 #[derive(Debug)]
 pub struct QueueFull;
 
+/// An event on its way to the database, with the journal segment it is in.
+struct Journaled {
+    event: UsageEvent,
+    segment: Option<SegmentId>,
+}
+
 /// A reserved place in the queue for one event.
-pub struct UsagePermit(mpsc::OwnedPermit<UsageEvent>);
+pub struct UsagePermit {
+    permit: mpsc::OwnedPermit<Journaled>,
+    journal: Arc<Journal>,
+}
 
 impl UsagePermit {
-    pub fn record(self, event: UsageEvent) {
-        self.0.send(event);
+    /// Journals the event (on disk, fsync'd) and queues it for the
+    /// database; returns once it is durable. `Err` when the journal could
+    /// not take it: the response must not be sent, and the event is queued
+    /// as a 503 instead. Runs to the end even if the caller is dropped (a
+    /// client gone mid-request), so no event is left half-recorded.
+    pub async fn record(self, event: UsageEvent) -> Result<(), JournalError> {
+        let UsagePermit { permit, journal } = self;
+        let recording = tokio::spawn(async move {
+            match journal.append(&event).await {
+                Ok(segment) => {
+                    permit.send(Journaled {
+                        event,
+                        segment: Some(segment),
+                    });
+                    Ok(())
+                }
+                Err(error) => {
+                    let event = UsageEvent {
+                        status: 503,
+                        billable: false,
+                        ..event
+                    };
+                    permit.send(Journaled {
+                        event,
+                        segment: None,
+                    });
+                    Err(error)
+                }
+            }
+        });
+        recording.await.unwrap_or(Err(JournalError::Closed))
     }
 }
 
 /// The sending side, shared by all requests.
 #[derive(Clone)]
 pub struct UsageRecorder {
-    sender: mpsc::Sender<UsageEvent>,
+    sender: mpsc::Sender<Journaled>,
+    journal: Arc<Journal>,
 }
 
-/// The writer task; `finish` drains it.
+/// The writer tasks; `finish` drains them.
 pub struct UsageWriter {
     handle: JoinHandle<()>,
+    replay: JoinHandle<()>,
     give_up: CancellationToken,
+    journal: Arc<Journal>,
 }
 
 #[derive(Clone, Debug)]
 pub struct UsageSettings {
     pub capacity: usize,
     pub batch_size: usize,
-    /// Where events that could not be written at shutdown are kept.
-    pub spill_dir: PathBuf,
+    /// The journal's folder.
+    pub journal_dir: PathBuf,
+    /// Where an older version spilled events at shutdown (`usage-spill-*`):
+    /// stored at start like journal leftovers.
+    pub legacy_spill_dir: Option<PathBuf>,
 }
 
 impl UsageRecorder {
-    pub fn start(store: Arc<dyn Store>, settings: UsageSettings) -> (UsageRecorder, UsageWriter) {
+    /// Opens the journal, starts storing what earlier runs left in it, and
+    /// starts the writer.
+    pub fn start(
+        store: Arc<dyn Store>,
+        settings: UsageSettings,
+    ) -> std::io::Result<(UsageRecorder, UsageWriter)> {
+        let (journal, mut leftovers) = Journal::open(&settings.journal_dir)?;
+        if let Some(legacy) = &settings.legacy_spill_dir {
+            leftovers.extend(legacy_spill_files(legacy));
+        }
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let give_up = CancellationToken::new();
-        let handle = tokio::spawn(write_loop(store, receiver, settings, give_up.clone()));
-        (UsageRecorder { sender }, UsageWriter { handle, give_up })
+        let replay = tokio::spawn(store_leftovers(
+            store.clone(),
+            leftovers,
+            settings.batch_size,
+            journal.clone(),
+            give_up.clone(),
+        ));
+        let handle = tokio::spawn(write_loop(
+            store,
+            receiver,
+            settings.batch_size,
+            journal.clone(),
+            give_up.clone(),
+        ));
+        Ok((
+            UsageRecorder {
+                sender,
+                journal: journal.clone(),
+            },
+            UsageWriter {
+                handle,
+                replay,
+                give_up,
+                journal,
+            },
+        ))
     }
 
     pub fn reserve(&self) -> Result<UsagePermit, QueueFull> {
-        self.sender
-            .clone()
-            .try_reserve_owned()
-            .map(UsagePermit)
-            .map_err(|_| QueueFull)
+        match self.sender.clone().try_reserve_owned() {
+            Ok(permit) => Ok(UsagePermit {
+                permit,
+                journal: self.journal.clone(),
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::error!("the usage writer has stopped: requests are refused; journaled events are stored at the next start");
+                Err(QueueFull)
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(QueueFull),
+        }
     }
 }
 
 impl UsageWriter {
     /// Waits until every queued event is written (all recorders must be
-    /// dropped first), at most `grace`; then spills what is left.
+    /// dropped first), at most `grace`; what is still not stored then stays
+    /// in the journal for the next start.
     pub async fn finish(self, grace: Duration) {
         let UsageWriter {
             mut handle,
+            mut replay,
             give_up,
+            journal,
         } = self;
-        if tokio::time::timeout(grace, &mut handle).await.is_err() {
-            give_up.cancel();
-            let _ = handle.await;
+        let both = async {
+            let written = (&mut handle).await;
+            let replayed = (&mut replay).await;
+            (written, replayed)
+        };
+        let in_time = tokio::time::timeout(grace, both).await;
+        let (written, replayed) = match in_time {
+            Ok(results) => results,
+            Err(_) => {
+                give_up.cancel();
+                (handle.await, replay.await)
+            }
+        };
+        for (task, result) in [("writer", written), ("start-up loader", replayed)] {
+            if let Err(error) = result {
+                tracing::error!(%error, task, "a usage task failed; its events stay in the journal and are stored at the next start");
+            }
         }
+        journal.close();
     }
 }
 
 async fn write_loop(
     store: Arc<dyn Store>,
-    mut receiver: mpsc::Receiver<UsageEvent>,
-    settings: UsageSettings,
+    mut receiver: mpsc::Receiver<Journaled>,
+    batch_size: usize,
+    journal: Arc<Journal>,
     give_up: CancellationToken,
 ) {
-    let mut batch = Vec::with_capacity(settings.batch_size);
+    let mut batch = Vec::with_capacity(batch_size);
     // Events arriving while a batch is written wait in the queue and form the
     // next batch: under load, batches grow by themselves.
-    while receiver.recv_many(&mut batch, settings.batch_size).await > 0 {
-        if !write_with_retry(store.as_ref(), &batch, &give_up, &settings.spill_dir).await {
+    while receiver.recv_many(&mut batch, batch_size).await > 0 {
+        let events: Vec<UsageEvent> = batch.iter().map(|j| j.event.clone()).collect();
+        if !write_with_retry(store.as_ref(), &events, &journal, &give_up).await {
             receiver.close();
-            while let Ok(event) = receiver.try_recv() {
-                batch.push(event);
-            }
-            spill(&settings.spill_dir, &batch);
+            let left = batch.len() + receiver.len();
+            tracing::error!(
+                events = left,
+                "database unreachable at shutdown; these usage events stay in the journal and are stored at the next start"
+            );
             return;
         }
-        batch.clear();
+        journal.mark_stored(batch.drain(..).filter_map(|j| j.segment));
     }
 }
 
@@ -123,8 +236,8 @@ async fn write_loop(
 async fn write_with_retry(
     store: &dyn Store,
     batch: &[UsageEvent],
+    journal: &Journal,
     give_up: &CancellationToken,
-    spill_dir: &Path,
 ) -> bool {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -132,7 +245,7 @@ async fn write_with_retry(
             Ok(()) => return true,
             // A constraint refuses some event (it names a key that is not
             // there): retrying the batch would never succeed, so write the
-            // events one by one and keep the refused ones on disk.
+            // events one by one and quarantine the refused ones.
             Err(StoreError::Conflict(reason)) => {
                 tracing::error!(%reason, events = batch.len(), "usage batch refused by a constraint; writing its events one by one");
                 let mut refused = Vec::new();
@@ -142,8 +255,7 @@ async fn write_with_retry(
                         refused.push(event.clone());
                     }
                 }
-                spill(spill_dir, &refused);
-                return true;
+                return quarantine_refused(journal, &refused);
             }
             Err(error) => {
                 tracing::warn!(%error, events = batch.len(), "usage batch not written; retrying");
@@ -157,65 +269,127 @@ async fn write_with_retry(
     }
 }
 
-fn spill(dir: &Path, events: &[UsageEvent]) {
-    if events.is_empty() {
-        return;
+/// `true` once refused events are safe in quarantine (so their journal
+/// segment may go); `false` keeps them in the journal.
+fn quarantine_refused(journal: &Journal, refused: &[UsageEvent]) -> bool {
+    if refused.is_empty() {
+        return true;
     }
-    let path = dir.join(format!(
-        "usage-spill-{}.jsonl",
-        uuid::Uuid::now_v7().simple()
-    ));
-    let lines: String = events
-        .iter()
-        .filter_map(|e| serde_json::to_string(e).ok())
-        .map(|line| line + "\n")
-        .collect();
-    let written = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, lines));
-    match written {
-        Ok(()) => {
-            tracing::error!(events = events.len(), path = %path.display(), "database unreachable at shutdown; usage events spilled to a file, loaded at next start")
+    match journal.quarantine_events(refused) {
+        Ok(path) => {
+            tracing::error!(events = refused.len(), path = %path.display(), "usage events refused by the database kept in quarantine");
+            true
         }
         Err(error) => {
-            tracing::error!(events = events.len(), %error, "database unreachable at shutdown and spill file not written: usage events lost")
+            tracing::error!(%error, events = refused.len(), "refused usage events not quarantined; they stay in the journal");
+            false
         }
     }
 }
 
-/// Writes back events spilled by an earlier shutdown and removes their files.
-/// Idempotent: events already stored are skipped by request id.
-pub async fn load_spilled(
-    store: &dyn Store,
-    dir: &Path,
-) -> Result<usize, crate::store::StoreError> {
+fn legacy_spill_files(dir: &std::path::Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(0);
+        return Vec::new();
     };
-    let mut loaded = 0;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let is_spill = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("usage-spill-") && n.ends_with(".jsonl"));
-        if !is_spill {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("usage-spill-") && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What the start-up loader did, for its log line and tests.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LeftoverReport {
+    pub files: usize,
+    pub events: usize,
+    pub bad_lines: usize,
+    pub torn_tails: usize,
+    pub quarantined: usize,
+    pub kept: usize,
+}
+
+/// Stores the events of files left by earlier runs, file by file: a stored
+/// file is removed, one with unreadable lines is quarantined once its good
+/// lines are stored, and a failure with one file does not stop the others.
+pub async fn load_leftovers(
+    store: &dyn Store,
+    files: &[PathBuf],
+    batch_size: usize,
+    journal: &Journal,
+    give_up: &CancellationToken,
+) -> LeftoverReport {
+    let mut report = LeftoverReport::default();
+    for path in files {
+        report.files += 1;
+        let leftover = match journal::read_leftover(path) {
+            Ok(leftover) => leftover,
+            Err(error) => {
+                tracing::error!(%error, path = %path.display(), "usage journal file unreadable; moving it to quarantine");
+                quarantine_logged(path, &mut report);
+                continue;
+            }
         };
-        let events: Vec<UsageEvent> = text
-            .lines()
-            .filter_map(|line| serde_json::from_str::<UsageEvent>(line).ok())
-            .collect();
-        for chunk in events.chunks(500) {
-            store.insert_usage(chunk).await?;
+        let mut stored = true;
+        for chunk in leftover.events.chunks(batch_size.max(1)) {
+            if !write_with_retry(store, chunk, journal, give_up).await {
+                stored = false;
+                break;
+            }
         }
-        loaded += events.len();
-        if let Err(error) = std::fs::remove_file(&path) {
-            tracing::warn!(%error, path = %path.display(), "spill file loaded but not removed");
+        if !stored {
+            report.kept += 1;
+            continue;
+        }
+        report.events += leftover.events.len();
+        report.bad_lines += leftover.bad_lines;
+        report.torn_tails += usize::from(leftover.torn_tail);
+        if leftover.bad_lines > 0 {
+            tracing::error!(bad_lines = leftover.bad_lines, stored = leftover.events.len(), path = %path.display(), "usage journal file has unreadable lines; its good events are stored and the file quarantined");
+            quarantine_logged(path, &mut report);
+        } else if let Err(error) = std::fs::remove_file(path) {
+            tracing::warn!(%error, path = %path.display(), "stored usage journal file not removed; its events are skipped as duplicates next time");
         }
     }
-    Ok(loaded)
+    report
+}
+
+fn quarantine_logged(path: &std::path::Path, report: &mut LeftoverReport) {
+    match journal::quarantine_file(path) {
+        Ok(_) => report.quarantined += 1,
+        Err(error) => {
+            report.kept += 1;
+            tracing::error!(%error, path = %path.display(), "usage journal file could not be quarantined; left in place");
+        }
+    }
+}
+
+async fn store_leftovers(
+    store: Arc<dyn Store>,
+    files: Vec<PathBuf>,
+    batch_size: usize,
+    journal: Arc<Journal>,
+    give_up: CancellationToken,
+) {
+    if files.is_empty() {
+        return;
+    }
+    let report = load_leftovers(store.as_ref(), &files, batch_size, &journal, &give_up).await;
+    tracing::info!(
+        files = report.files,
+        events = report.events,
+        bad_lines = report.bad_lines,
+        torn_tails = report.torn_tails,
+        quarantined = report.quarantined,
+        kept_for_next_start = report.kept,
+        "usage events left by an earlier run are stored"
+    );
 }
 
 #[cfg(test)]
@@ -241,10 +415,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn spilled_events_are_stored_at_the_next_start_and_their_file_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    async fn store_with_key(dir: &std::path::Path) -> (Arc<dyn Store>, KeyId) {
+        let url = format!("sqlite://{}", dir.join("db.sqlite").display());
         let store = crate::store::connect(&url).await.unwrap();
         let key = KeyId::parse("00112233445566ff").unwrap();
         store
@@ -259,18 +431,89 @@ mod tests {
             })
             .await
             .unwrap();
-        let events: Vec<UsageEvent> = (1..=3).map(|n| event(&key, n)).collect();
-        spill(dir.path(), &events);
-        assert_eq!(load_spilled(store.as_ref(), dir.path()).await.unwrap(), 3);
+        (store, key)
+    }
+
+    fn lines(events: &[UsageEvent]) -> String {
+        events
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap() + "\n")
+            .collect()
+    }
+
+    /// Item 10: a bad line quarantines its file (good lines stored), and an
+    /// unreadable file does not stop the loading of the others.
+    #[tokio::test]
+    async fn leftovers_are_stored_file_by_file_and_bad_files_quarantined() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, key) = store_with_key(dir.path()).await;
+        let journal_dir = dir.path().join("journal");
+        std::fs::create_dir_all(&journal_dir).unwrap();
+        let with_bad_line = journal_dir.join("journal-1.jsonl");
+        std::fs::write(
+            &with_bad_line,
+            lines(&[event(&key, 1)]) + "garbage\n" + &lines(&[event(&key, 2)]),
+        )
+        .unwrap();
+        let unreadable = journal_dir.join("journal-2.jsonl");
+        std::fs::create_dir_all(&unreadable).unwrap(); // a folder: reading it fails
+        let good = journal_dir.join("journal-3.jsonl");
+        std::fs::write(&good, lines(&[event(&key, 3)])).unwrap();
+
+        let (journal, leftovers) = Journal::open(&journal_dir).unwrap();
+        assert_eq!(leftovers.len(), 3);
+        let report = load_leftovers(
+            store.as_ref(),
+            &leftovers,
+            500,
+            &journal,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(report.events, 3);
+        assert_eq!(report.bad_lines, 1);
+        assert_eq!(report.quarantined, 2);
         let stored = store.usage_events(Some(&key)).await.unwrap();
         assert_eq!(
             stored.iter().map(|e| e.text_items).collect::<Vec<_>>(),
             vec![1, 2, 3]
         );
-        assert_eq!(
-            load_spilled(store.as_ref(), dir.path()).await.unwrap(),
-            0,
-            "the file is gone"
+        assert!(!with_bad_line.exists() && !good.exists());
+        let quarantine = journal_dir.join("quarantine");
+        assert!(
+            quarantine.join("journal-1.jsonl").exists(),
+            "kept, not deleted"
+        );
+        assert!(quarantine.join("journal-2.jsonl").exists());
+    }
+
+    /// Events recorded while the database cannot take them stay in the
+    /// journal and are stored at the next start.
+    #[tokio::test]
+    async fn recorded_events_reach_the_database_or_stay_in_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, key) = store_with_key(dir.path()).await;
+        let settings = UsageSettings {
+            capacity: 10,
+            batch_size: 10,
+            journal_dir: dir.path().join("journal"),
+            legacy_spill_dir: None,
+        };
+        let (recorder, writer) = UsageRecorder::start(store.clone(), settings.clone()).unwrap();
+        for n in 1..=3 {
+            recorder
+                .reserve()
+                .unwrap()
+                .record(event(&key, n))
+                .await
+                .unwrap();
+        }
+        drop(recorder);
+        writer.finish(Duration::from_secs(10)).await;
+        assert_eq!(store.usage_events(Some(&key)).await.unwrap().len(), 3);
+        assert!(
+            journal::read_leftover_names(&settings.journal_dir).is_empty(),
+            "a stored journal is trimmed"
         );
     }
 }

@@ -135,7 +135,7 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         .copied()
         .unwrap_or_default();
     let status = response.status().as_u16();
-    permit.record(UsageEvent {
+    let event = UsageEvent {
         request_id,
         key_id: record.id,
         at: chrono::Utc::now(),
@@ -146,10 +146,14 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         image_bytes: stats.image_bytes,
         deep_analyses: stats.deep_analyses,
         flagged: stats.flagged,
-        rate_limited: !decision.allowed,
+        rate_limited: !decision.allowed || stats.rate_limited,
         billable: status == 200,
         latency_ms: u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX),
-    });
+    };
+    // The response leaves only once its usage event is on disk.
+    if let Err(error) = permit.record(event).await {
+        return ApiError::ServiceUnavailable(error.to_string()).into_response();
+    }
     response
 }
 

@@ -30,6 +30,9 @@ pub enum ApiError {
     RateLimited { retry_after: Duration },
     #[error("the service is temporarily unavailable; retry shortly")]
     ServiceUnavailable(String),
+    /// 503 whose message is safe to show and says what to change.
+    #[error("{0}")]
+    Overloaded(String),
     #[error("an internal error occurred; it has been logged")]
     Internal(String),
     #[error("no such endpoint: {0}")]
@@ -56,7 +59,7 @@ impl ApiError {
             ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::InvalidImage(_) => (StatusCode::BAD_REQUEST, "invalid_image"),
             ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded"),
-            ApiError::ServiceUnavailable(_) => {
+            ApiError::ServiceUnavailable(_) | ApiError::Overloaded(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
             }
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
@@ -95,7 +98,7 @@ impl IntoResponse for ApiError {
                 HeaderValue::from(retry_after_secs(*retry_after)),
             );
         }
-        if let ApiError::ServiceUnavailable(_) = &self {
+        if let ApiError::ServiceUnavailable(_) | ApiError::Overloaded(_) = &self {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

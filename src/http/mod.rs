@@ -33,7 +33,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::config::{IpBlock, Limits, Plans};
+use crate::config::{BudgetConfig, IpBlock, Limits, Plans};
 use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
 use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
@@ -46,6 +46,7 @@ use extract::BodyLimits;
 /// What the handlers and layers share.
 pub struct Shared {
     pub limits: Limits,
+    pub budget: BudgetConfig,
     pub engine: Arc<Engine>,
     pub store: Arc<dyn Store>,
     pub keys: auth::KeyCache,

@@ -6,6 +6,7 @@ use axum::{Extension, Json};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::auth::AuthenticatedKey;
 use super::error::ApiError;
 use super::extract::JsonBody;
 use super::request_id::RequestId;
@@ -14,6 +15,8 @@ use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation, Verd
 use crate::moderation::image::ImageError;
 use crate::moderation::vision::ImageAnalysis;
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
+use crate::ratelimit::Decision;
+use crate::store::ApiKeyRecord;
 use crate::usage::UsageStats;
 
 #[derive(Debug, Deserialize)]
@@ -173,10 +176,19 @@ impl Serialize for ScoreMap {
 pub async fn moderate(
     State(state): State<AppState>,
     Extension(request_id): Extension<RequestId>,
+    Extension(key): Extension<AuthenticatedKey>,
     JsonBody(request): JsonBody<ModerateRequest>,
 ) -> Result<Response, ApiError> {
-    let limits = &state.limits;
-    let (items, mut stats) = validate(request.input, limits)?;
+    let (items, mut stats) = validate(request.input, &state.limits, &state.budget)?;
+    let characters = match charge_characters(&state, &key.0, stats.text_chars).await? {
+        Ok(decision) => decision,
+        Err(refused) => {
+            stats.rate_limited = true;
+            let mut response = refused.into_response();
+            response.extensions_mut().insert(stats);
+            return Ok(response);
+        }
+    };
     let moderation = state
         .engine
         .moderate(items, request.analyze_images)
@@ -194,13 +206,61 @@ pub async fn moderate(
         .sum();
     let body = response_body(request_id.0, state.engine.model_id(), moderation);
     let mut response = Json(body).into_response();
+    if let Some(decision) = characters {
+        add_character_headers(&mut response, &decision);
+    }
     response.extensions_mut().insert(stats);
     Ok(response)
+}
+
+/// Counts the request's text characters against its key's allowance per
+/// minute (beside the requests per minute the auth layer counts). `Err` is
+/// a request that can never fit (413); `Ok(Err)` a 429 to answer now;
+/// `Ok(Ok(None))` a request without text.
+async fn charge_characters(
+    state: &AppState,
+    key: &ApiKeyRecord,
+    chars: u64,
+) -> Result<Result<Option<Decision>, ApiError>, ApiError> {
+    if chars == 0 {
+        return Ok(Ok(None));
+    }
+    let per_minute = state.budget.chars_per_minute.of(key.tier);
+    if chars > u64::from(per_minute) {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "input: {chars} characters of text is more than this key's allowance of {per_minute} characters per minute ({} plan); send less text per request",
+            key.tier
+        )));
+    }
+    let bucket = format!("chars:{}", key.id);
+    let (decision, _) = state
+        .limiter
+        .check_n(&bucket, per_minute, chars as u32)
+        .await;
+    Ok(if decision.allowed {
+        Ok(Some(decision))
+    } else {
+        Err(ApiError::RateLimited {
+            retry_after: decision.retry_after,
+        })
+    })
+}
+
+/// The character allowance, beside the `X-RateLimit-*` request headers.
+fn add_character_headers(response: &mut Response, decision: &Decision) {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("x-ratelimit-limit-characters", decision.limit),
+        ("x-ratelimit-remaining-characters", decision.remaining),
+    ] {
+        headers.insert(name, axum::http::HeaderValue::from(value));
+    }
 }
 
 fn validate(
     input: Vec<InputItem>,
     limits: &crate::config::Limits,
+    budget: &crate::config::BudgetConfig,
 ) -> Result<(Vec<Item>, UsageStats), ApiError> {
     if input.is_empty() {
         return Err(ApiError::InvalidRequest(
@@ -228,6 +288,12 @@ fn validate(
                 }
                 stats.text_items += 1;
                 stats.text_chars += chars as u64;
+                if stats.text_chars > budget.max_request_chars as u64 {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "input[{index}].text: the text items reach {} characters in all here, more than the limit of {} per request; split the text over several requests",
+                        stats.text_chars, budget.max_request_chars
+                    )));
+                }
                 items.push(Item::Text(text));
             }
             InputItem::Image { base64 } => {
@@ -253,6 +319,17 @@ fn engine_error(error: EngineError) -> ApiError {
         EngineError::Image { index, error: ImageError::Invalid(m) } => {
             ApiError::InvalidImage(format!("input[{index}].base64: {m}"))
         }
+        EngineError::TooManyPixels { pixels, limit } => ApiError::PayloadTooLarge(format!(
+            "input: the images have {pixels} pixels in all; the limit is {limit} pixels per request"
+        )),
+        EngineError::DeadlineExceeded(deadline) => ApiError::Overloaded(format!(
+            "the request was not finished within its deadline of {} ms and was cancelled; send fewer or shorter items, or retry later",
+            deadline.as_millis()
+        )),
+        EngineError::Busy(wait) => ApiError::Overloaded(format!(
+            "no memory to decode the images became free within {} ms; retry shortly or send smaller images",
+            wait.as_millis()
+        )),
         EngineError::ImagesDisabled { index } => ApiError::InvalidRequest(format!(
             "input[{index}]: image items are not accepted because this server has no image classifier configured"
         )),

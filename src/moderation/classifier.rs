@@ -3,7 +3,12 @@
 //! executor.
 
 use super::category::{Category, CategoryScores, Thresholds};
+use super::deadline::Deadline;
 use super::image::DecodedImage;
+
+/// Texts of about this many bytes are scored together between two deadline
+/// checks by the default [`TextClassifier::score_batch_within`].
+pub const MINI_BATCH_BYTES: usize = 2_000;
 
 /// Scores texts for every category.
 pub trait TextClassifier: Send + Sync + 'static {
@@ -14,19 +19,41 @@ pub trait TextClassifier: Send + Sync + 'static {
     /// Texts may be of any length; implementations window long texts themselves.
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>>;
 
+    /// [`score_batch`](Self::score_batch) that stops once `deadline` is over,
+    /// returning an error that wraps [`super::DeadlineExceeded`]. The default
+    /// checks the deadline between mini-batches of about [`MINI_BATCH_BYTES`];
+    /// a classifier that cuts long texts itself should override it and check
+    /// between its own passes too, so that one long text cannot run past the
+    /// deadline.
+    fn score_batch_within(
+        &self,
+        texts: &[&str],
+        deadline: &Deadline,
+    ) -> anyhow::Result<Vec<CategoryScores>> {
+        let mut scores = Vec::with_capacity(texts.len());
+        for batch in mini_batches(texts, MINI_BATCH_BYTES) {
+            deadline.check()?;
+            scores.extend(self.score_batch(batch)?);
+        }
+        Ok(scores)
+    }
+
     /// Scores each item and, with two or more, all of them taken as one
     /// text: joined by a line break (a threat split over messages) and run
     /// together (a word split across them), the stronger of the two. With
-    /// one item the combined score is the item's. Classifiers that can
-    /// reuse the items' work for the combined text override this.
+    /// one item the combined score is the item's. Stops at `deadline` as
+    /// [`score_batch_within`](Self::score_batch_within) does. The engine
+    /// calls this one; classifiers that can reuse the items' work for the
+    /// combined text override it.
     fn score_items(
         &self,
         items: &[&str],
+        deadline: &Deadline,
     ) -> anyhow::Result<(Vec<CategoryScores>, Option<CategoryScores>)> {
         let joined = combined_texts(items);
         let mut batch = items.to_vec();
         batch.extend(joined.iter().map(String::as_str));
-        let mut scores = self.score_batch(&batch)?;
+        let mut scores = self.score_batch_within(&batch, deadline)?;
         if scores.len() != batch.len() {
             anyhow::bail!("text classifier returned {} results", scores.len());
         }
@@ -68,6 +95,24 @@ pub struct EmbeddingCacheStats {
     pub capacity: usize,
 }
 
+/// Consecutive runs of `texts` of at most `max_bytes` together (a longer
+/// text is a run of its own), in order.
+pub fn mini_batches<'a, 'b>(texts: &'b [&'a str], max_bytes: usize) -> Vec<&'b [&'a str]> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, text) in texts.iter().enumerate() {
+        if i > start && bytes + text.len() > max_bytes {
+            runs.push(&texts[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += text.len();
+    }
+    if start < texts.len() {
+        runs.push(&texts[start..]);
+    }
+    runs
+}
+
 /// What an image model could say about one image.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageScores {
@@ -86,7 +131,7 @@ pub trait ImageClassifier: Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
-    use super::combined_texts;
+    use super::*;
 
     #[test]
     fn combined_texts_join_and_run_together() {
@@ -99,5 +144,17 @@ mod tests {
             ]
         );
         assert!(combined_texts(&texts[..1]).is_empty());
+    }
+
+    #[test]
+    fn mini_batches_keep_order_and_bound_their_size() {
+        let texts = ["aaaa", "bb", "cccccccc", "d", "e"];
+        let runs = mini_batches(&texts, 6);
+        assert_eq!(
+            runs,
+            vec![&texts[0..2], &texts[2..3], &texts[3..5]],
+            "a text over the bound is a run of its own"
+        );
+        assert!(mini_batches(&[], 6).is_empty());
     }
 }

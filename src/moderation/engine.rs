@@ -1,15 +1,26 @@
 //! Moderates one request: scores every text item, the text items taken
 //! together, and every image, off the async executor, and merges the deep
 //! image analysis when it was asked for.
+//!
+//! What one request may cost is bounded: its work stops at its deadline;
+//! its images reserve their decoding memory from a process-wide budget and
+//! are decoded, scored and dropped one at a time; and CPU jobs run in two
+//! lanes, so a short text never queues behind heavy jobs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::Semaphore;
 
 use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
-use super::classifier::{ImageClassifier, TextClassifier};
-use super::image::{self, DecodedImage, ImageError, ImageLimits};
+use super::classifier::{ImageClassifier, ImageScores, TextClassifier};
+use super::deadline::{Deadline, DeadlineExceeded};
+use super::image::{self, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits};
 use super::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
+
+/// Images up to this many pixels (a 2560×1600 screen) are light jobs.
+const LIGHT_IMAGE_PIXELS: u64 = 4_096_000;
 
 /// One input item as the engine receives it.
 #[derive(Clone, Debug)]
@@ -74,10 +85,52 @@ pub enum EngineError {
     /// An image item is bad: the client's mistake.
     #[error("input[{index}].base64: {error}")]
     Image { index: usize, error: ImageError },
+    /// The images of one request have more pixels than a request may decode.
+    #[error("the images have {pixels} pixels in all; the limit per request is {limit}")]
+    TooManyPixels { pixels: u64, limit: u64 },
     #[error("no image classifier is configured, so image items cannot be moderated")]
     ImagesDisabled { index: usize },
+    /// The request's deadline passed; its remaining work was cancelled.
+    #[error("the request took longer than its deadline of {0:?}")]
+    DeadlineExceeded(Duration),
+    /// Decoding memory stayed short for the whole wait.
+    #[error("no memory to decode the images became free within {0:?}")]
+    Busy(Duration),
     #[error("classifier failed: {0}")]
     Classifier(#[from] anyhow::Error),
+}
+
+/// The bounds of one request's work.
+#[derive(Clone, Debug)]
+pub struct EngineBudget {
+    /// Decoded pixels of all images of one request.
+    pub max_request_pixels: u64,
+    /// Memory all requests together may hold for decoding images.
+    pub decode_memory_bytes: u64,
+    pub decode_wait: Duration,
+    /// After this, the request's remaining work is cancelled.
+    pub deadline: Duration,
+    /// Text jobs up to this many characters run in the light lane.
+    pub light_job_chars: usize,
+}
+
+impl Default for EngineBudget {
+    fn default() -> Self {
+        EngineBudget {
+            max_request_pixels: 100_000_000,
+            decode_memory_bytes: 512 << 20,
+            decode_wait: Duration::from_secs(2),
+            deadline: Duration::from_secs(20),
+            light_job_chars: 4_000,
+        }
+    }
+}
+
+/// Which CPU lane a job runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Light,
+    Heavy,
 }
 
 pub struct Engine {
@@ -87,9 +140,13 @@ pub struct Engine {
     image_thresholds: Thresholds,
     image_limits: ImageLimits,
     vision: Option<VisionClient>,
-    /// Bounds CPU-bound jobs in flight so that a burst queues instead of
-    /// oversubscribing the cores.
-    cpu: Arc<Semaphore>,
+    budget: EngineBudget,
+    decode_memory: DecodeBudget,
+    /// CPU jobs in flight, per lane, so that a burst queues instead of
+    /// oversubscribing the cores, and heavy jobs (long texts, large images)
+    /// hold at most half the cores while light ones keep their own slots.
+    light: Arc<Semaphore>,
+    heavy: Arc<Semaphore>,
 }
 
 pub struct EngineParts {
@@ -99,6 +156,23 @@ pub struct EngineParts {
     pub image_thresholds: Thresholds,
     pub image_limits: ImageLimits,
     pub vision: Option<VisionClient>,
+    pub budget: EngineBudget,
+}
+
+/// An image item checked and sized, not decoded yet.
+struct PendingImage {
+    index: usize,
+    format: ImageFormat,
+    bytes: Bytes,
+    header: ImageHeader,
+}
+
+/// An image scored by the embedded classifier; its pixels are gone.
+struct ScoredImage {
+    index: usize,
+    format: ImageFormat,
+    bytes: Bytes,
+    scores: ImageScores,
 }
 
 impl Engine {
@@ -113,7 +187,13 @@ impl Engine {
             image_thresholds: parts.image_thresholds,
             image_limits: parts.image_limits,
             vision: parts.vision,
-            cpu: Arc::new(Semaphore::new(cores * 2)),
+            decode_memory: DecodeBudget::new(
+                parts.budget.decode_memory_bytes,
+                parts.budget.decode_wait,
+            ),
+            budget: parts.budget,
+            light: Arc::new(Semaphore::new(cores * 2)),
+            heavy: Arc::new(Semaphore::new((cores / 2).max(1))),
         }
     }
 
@@ -126,10 +206,23 @@ impl Engine {
         parts.join("+")
     }
 
+    /// Moderates within the configured deadline, counted from now.
     pub async fn moderate(
         &self,
         items: Vec<Item>,
         analyze_images: bool,
+    ) -> Result<Moderation, EngineError> {
+        let deadline = Deadline::after(self.budget.deadline);
+        self.moderate_within(items, analyze_images, &deadline).await
+    }
+
+    /// Moderates; once `deadline` is over the remaining work is cancelled
+    /// and `DeadlineExceeded` returned.
+    pub async fn moderate_within(
+        &self,
+        items: Vec<Item>,
+        analyze_images: bool,
+        deadline: &Deadline,
     ) -> Result<Moderation, EngineError> {
         let texts: Vec<(usize, String)> = items
             .iter()
@@ -151,17 +244,17 @@ impl Engine {
             return Err(EngineError::ImagesDisabled { index: *index });
         }
 
-        let decoded = self.decode_images(images).await?;
-        let vision_job = self.deep_analysis(&decoded, analyze_images);
-        let (text_scores, image_scores, analyses) = tokio::join!(
-            self.score_texts(&texts),
-            self.score_images(&decoded),
-            vision_job
-        );
+        let pending = self.inspect_images(images, deadline).await?;
+        let images_job = async {
+            let scored = self.score_images(pending, deadline).await?;
+            let analyses = self.deep_analysis(&scored, analyze_images).await;
+            Ok::<_, EngineError>((scored, analyses))
+        };
+        let (text_scores, images) = tokio::join!(self.score_texts(&texts, deadline), images_job);
         let (item_scores, combined) = text_scores?;
-        let image_scores = image_scores?;
+        let (scored, analyses) = images?;
 
-        let total = texts.len() + decoded.len();
+        let total = texts.len() + scored.len();
         let mut outcomes: Vec<Option<ItemOutcome>> = vec![None; total];
         for ((index, _), scores) in texts.iter().zip(item_scores) {
             outcomes[*index] = Some(ItemOutcome::Text(Verdict::new(
@@ -170,18 +263,17 @@ impl Engine {
             )));
         }
         let mut deep_analyses = 0;
-        for (((index, image), standard), analysis) in decoded.iter().zip(image_scores).zip(analyses)
-        {
+        for (image, analysis) in scored.iter().zip(analyses) {
             if analysis.status == AnalysisStatus::Completed {
                 deep_analyses += 1;
             }
             let (scores, evaluated) =
-                merge_image_scores(&standard.scores, &standard.evaluated, &analysis);
-            outcomes[*index] = Some(ItemOutcome::Image {
+                merge_image_scores(&image.scores.scores, &image.scores.evaluated, &analysis);
+            outcomes[image.index] = Some(ItemOutcome::Image {
                 verdict: Verdict::new(scores, &self.image_thresholds),
                 evaluated,
                 analysis,
-                bytes: image.encoded.len(),
+                bytes: image.bytes.len(),
             });
         }
         let items: Vec<ItemOutcome> = outcomes.into_iter().flatten().collect();
@@ -197,60 +289,158 @@ impl Engine {
         })
     }
 
-    /// Runs `job` on a blocking thread once a CPU slot is free.
+    /// Runs `job` on a blocking thread once a slot of `lane` is free, until
+    /// `deadline`: past it the caller gets `DeadlineExceeded` at once and the
+    /// job is told to stop (it keeps its slot until it has stopped, so the
+    /// lanes always count the CPU really in use).
     async fn on_cpu<T: Send + 'static>(
         &self,
+        lane: Lane,
+        deadline: &Deadline,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, EngineError> {
-        let _slot = self
-            .cpu
-            .acquire()
-            .await
-            .map_err(|e| EngineError::Classifier(e.into()))?;
-        tokio::task::spawn_blocking(job)
-            .await
-            .map_err(|e| EngineError::Classifier(e.into()))
+        let slots = match lane {
+            Lane::Light => self.light.clone(),
+            Lane::Heavy => self.heavy.clone(),
+        };
+        let until = tokio::time::Instant::from_std(deadline.instant());
+        let slot = match tokio::time::timeout_at(until, slots.acquire_owned()).await {
+            Ok(slot) => slot.map_err(|e| EngineError::Classifier(e.into()))?,
+            Err(_) => return Err(self.deadline_exceeded()),
+        };
+        let running = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            job()
+        });
+        match tokio::time::timeout_at(until, running).await {
+            Ok(joined) => joined.map_err(|e| EngineError::Classifier(e.into())),
+            Err(_) => {
+                deadline.cancel();
+                Err(self.deadline_exceeded())
+            }
+        }
     }
 
-    async fn decode_images(
+    fn deadline_exceeded(&self) -> EngineError {
+        EngineError::DeadlineExceeded(self.budget.deadline)
+    }
+
+    /// Parses every image item and reads its header (no pixels yet), and
+    /// refuses a request whose images have more pixels in all than allowed.
+    async fn inspect_images(
         &self,
         images: Vec<(usize, String)>,
-    ) -> Result<Vec<(usize, DecodedImage)>, EngineError> {
+        deadline: &Deadline,
+    ) -> Result<Vec<PendingImage>, EngineError> {
         if images.is_empty() {
             return Ok(Vec::new());
         }
         let limits = self.image_limits.clone();
-        self.on_cpu(move || {
-            images
-                .into_iter()
-                .map(|(index, uri)| {
-                    let (format, bytes) = image::parse_data_uri(&uri, &limits)
+        let pending = self
+            .on_cpu(Lane::Light, deadline, move || {
+                images
+                    .into_iter()
+                    .map(|(index, uri)| {
+                        let inspected =
+                            image::parse_data_uri(&uri, &limits).and_then(|(format, bytes)| {
+                                let header = image::inspect(format, &bytes, &limits)?;
+                                Ok(PendingImage {
+                                    index,
+                                    format,
+                                    bytes,
+                                    header,
+                                })
+                            });
+                        inspected.map_err(|error| EngineError::Image { index, error })
+                    })
+                    .collect::<Result<Vec<_>, EngineError>>()
+            })
+            .await??;
+        let pixels: u64 = pending.iter().map(|p| p.header.pixels()).sum();
+        if pixels > self.budget.max_request_pixels {
+            return Err(EngineError::TooManyPixels {
+                pixels,
+                limit: self.budget.max_request_pixels,
+            });
+        }
+        Ok(pending)
+    }
+
+    /// Each image in turn: reserve its decoding memory, decode, score, and
+    /// drop the pixels, so a request never holds more than one decoded image.
+    async fn score_images(
+        &self,
+        pending: Vec<PendingImage>,
+        deadline: &Deadline,
+    ) -> Result<Vec<ScoredImage>, EngineError> {
+        let Some(classifier) = self.image.clone() else {
+            return Ok(Vec::new());
+        };
+        let mut scored = Vec::with_capacity(pending.len());
+        for image in pending {
+            deadline.check().map_err(|_| self.deadline_exceeded())?;
+            let reservation = self
+                .decode_memory
+                .reserve(image.header.decode_bytes)
+                .await
+                .map_err(|e| EngineError::Busy(e.0))?;
+            let lane = if image.header.pixels() <= LIGHT_IMAGE_PIXELS {
+                Lane::Light
+            } else {
+                Lane::Heavy
+            };
+            let (classifier, limits) = (classifier.clone(), self.image_limits.clone());
+            let (index, format, bytes) = (image.index, image.format, image.bytes);
+            let encoded = bytes.clone();
+            let scores = self
+                .on_cpu(lane, deadline, move || {
+                    let _reservation = reservation;
+                    let decoded = image::decode(format, encoded, &limits)
                         .map_err(|error| EngineError::Image { index, error })?;
-                    let decoded = image::decode(format, bytes, &limits)
-                        .map_err(|error| EngineError::Image { index, error })?;
-                    Ok((index, decoded))
+                    classifier.score(&decoded).map_err(EngineError::Classifier)
                 })
-                .collect()
-        })
-        .await?
+                .await??;
+            scored.push(ScoredImage {
+                index,
+                format,
+                bytes,
+                scores,
+            });
+        }
+        Ok(scored)
     }
 
     /// Each text and (see [`TextClassifier::score_items`]) all of them as one.
     async fn score_texts(
         &self,
         texts: &[(usize, String)],
+        deadline: &Deadline,
     ) -> Result<(Vec<CategoryScores>, Option<CategoryScores>), EngineError> {
         if texts.is_empty() {
             return Ok((Vec::new(), None));
         }
         let batch: Vec<String> = texts.iter().map(|(_, t)| t.clone()).collect();
+        // Each chunk is encoded once whether it serves an item or the
+        // combined text, so the items' characters measure the job.
+        let chars: usize = batch.iter().map(|t| t.chars().count()).sum();
+        let lane = if chars <= self.budget.light_job_chars {
+            Lane::Light
+        } else {
+            Lane::Heavy
+        };
         let classifier = self.text.clone();
-        let (scores, combined) = self
-            .on_cpu(move || {
+        let job_deadline = deadline.clone();
+        let scored = self
+            .on_cpu(lane, deadline, move || {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
-                classifier.score_items(&refs)
+                classifier.score_items(&refs, &job_deadline)
             })
-            .await??;
+            .await?;
+        let (scores, combined) = match scored {
+            Ok(scored) => scored,
+            Err(e) if e.is::<DeadlineExceeded>() => return Err(self.deadline_exceeded()),
+            Err(e) => return Err(EngineError::Classifier(e)),
+        };
         if scores.len() != texts.len() {
             return Err(EngineError::Classifier(anyhow::anyhow!(
                 "text classifier returned {} results",
@@ -260,41 +450,16 @@ impl Engine {
         Ok((scores, combined))
     }
 
-    async fn score_images(
-        &self,
-        images: &[(usize, DecodedImage)],
-    ) -> Result<Vec<super::ImageScores>, EngineError> {
-        let Some(classifier) = self.image.clone() else {
-            return Ok(Vec::new());
-        };
-        if images.is_empty() {
-            return Ok(Vec::new());
-        }
-        let images: Vec<DecodedImage> = images.iter().map(|(_, i)| i.clone()).collect();
-        self.on_cpu(move || {
-            images
-                .iter()
-                .map(|i| classifier.score(i))
-                .collect::<anyhow::Result<Vec<_>>>()
-        })
-        .await?
-        .map_err(EngineError::Classifier)
-    }
-
-    async fn deep_analysis(
-        &self,
-        images: &[(usize, DecodedImage)],
-        requested: bool,
-    ) -> Vec<ImageAnalysis> {
+    async fn deep_analysis(&self, images: &[ScoredImage], requested: bool) -> Vec<ImageAnalysis> {
         let status = match (&self.vision, requested) {
             (_, false) => AnalysisStatus::NotRequested,
             (None, true) => AnalysisStatus::Unavailable,
             (Some(vision), true) => {
                 let sent = images
                     .iter()
-                    .map(|(_, i)| VisionImage {
+                    .map(|i| VisionImage {
                         format: i.format,
-                        bytes: i.encoded.clone(),
+                        bytes: i.bytes.clone(),
                     })
                     .collect();
                 return vision.analyze(sent).await;
@@ -334,6 +499,131 @@ fn merge_image_scores(
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Condvar, Mutex};
+
+    /// Texts starting with "heavy" wait until the gate opens; every call
+    /// takes `delay` and is counted.
+    struct TestClassifier {
+        gate: Arc<(Mutex<bool>, Condvar)>,
+        delay: Duration,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl TextClassifier for TestClassifier {
+        fn model_id(&self) -> String {
+            "test".into()
+        }
+        fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if texts.iter().any(|t| t.starts_with("heavy")) {
+                let (open, changed) = &*self.gate;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = changed.wait(open).unwrap();
+                }
+            }
+            std::thread::sleep(self.delay);
+            Ok(vec![CategoryScores::default(); texts.len()])
+        }
+        fn default_thresholds(&self) -> Thresholds {
+            Thresholds::uniform(0.5)
+        }
+    }
+
+    fn test_engine(classifier: TestClassifier, budget: EngineBudget) -> Engine {
+        Engine::new(EngineParts {
+            text: Arc::new(classifier),
+            text_thresholds: Thresholds::uniform(0.5),
+            image: None,
+            image_thresholds: Thresholds::uniform(0.5),
+            image_limits: ImageLimits::default(),
+            vision: None,
+            budget,
+        })
+    }
+
+    fn classifier(open: bool, delay: Duration) -> (TestClassifier, Arc<(Mutex<bool>, Condvar)>) {
+        let gate = Arc::new((Mutex::new(open), Condvar::new()));
+        let classifier = TestClassifier {
+            gate: gate.clone(),
+            delay,
+            calls: Arc::new(AtomicUsize::new(0)),
+        };
+        (classifier, gate)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_text_is_not_queued_behind_heavy_jobs() {
+        let (classifier, gate) = classifier(false, Duration::ZERO);
+        let budget = EngineBudget {
+            light_job_chars: 100,
+            ..EngineBudget::default()
+        };
+        let engine = Arc::new(test_engine(classifier, budget));
+        // More heavy requests than there are CPU slots in all.
+        let heavy: Vec<_> = (0..16)
+            .map(|_| {
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    let text = format!("heavy {}", "x".repeat(200));
+                    engine.moderate(vec![Item::Text(text)], false).await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let light = tokio::time::timeout(
+            Duration::from_secs(10),
+            engine.moderate(vec![Item::Text("hello".into())], false),
+        )
+        .await;
+        let (open, changed) = &*gate;
+        *open.lock().unwrap() = true;
+        changed.notify_all();
+        assert!(
+            light.is_ok_and(|r| r.is_ok()),
+            "a short text waited behind heavy jobs"
+        );
+        for job in heavy {
+            job.await
+                .unwrap()
+                .expect("heavy jobs finish once the gate opens");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn work_stops_at_the_deadline() {
+        let (classifier, _gate) = classifier(true, Duration::from_millis(20));
+        let calls = classifier.calls.clone();
+        let budget = EngineBudget {
+            deadline: Duration::from_millis(200),
+            ..EngineBudget::default()
+        };
+        let engine = test_engine(classifier, budget);
+        // 64 items of about 2,000 bytes: 66 mini-batches of 20 ms each.
+        let items = (0..64)
+            .map(|i| Item::Text(format!("{i:02} {}", "y".repeat(1_990))))
+            .collect();
+        let started = std::time::Instant::now();
+        let result = engine.moderate(items, false).await;
+        assert!(
+            matches!(result, Err(EngineError::DeadlineExceeded(_))),
+            "{result:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "answered at the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopped_at = calls.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            stopped_at,
+            "the work was cancelled"
+        );
+        assert!(stopped_at < 66, "{stopped_at} mini-batches ran");
+    }
 
     #[test]
     fn deep_analysis_raises_but_never_lowers() {

@@ -16,7 +16,10 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use bytes::Bytes;
-use image::{DynamicImage, ImageReader, Limits, RgbImage, RgbaImage};
+use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage, RgbaImage};
+
+mod budget;
+pub use budget::{DecodeBudget, DecodeReservation, NoMemoryInTime};
 
 /// The image formats the service accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,6 +256,54 @@ fn truncate_for_message(s: &str) -> String {
         out.push('…');
         out
     }
+}
+
+/// What the header says about an image, before any pixel is decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageHeader {
+    pub width: u32,
+    pub height: u32,
+    /// Memory decoding it may hold at its peak (see [`peak_decode_bytes`]).
+    pub decode_bytes: u64,
+}
+
+impl ImageHeader {
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+}
+
+/// Checks the signature and reads the header within `limits`, allocating no
+/// pixels: what a request must reserve before [`decode`] is called.
+pub fn inspect(
+    declared: ImageFormat,
+    bytes: &[u8],
+    limits: &ImageLimits,
+) -> Result<ImageHeader, ImageError> {
+    if bytes.len() > limits.max_bytes {
+        return Err(too_large_bytes(bytes.len(), limits.max_bytes));
+    }
+    check_magic(declared, bytes)?;
+    let (width, height, buffer_bytes) = guard_panics(|| {
+        let decoder = reader(declared, bytes, decoder_limits(limits, false)).into_decoder()?;
+        let (width, height) = decoder.dimensions();
+        Ok::<_, image::ImageError>((width, height, decoder.total_bytes()))
+    })
+    .and_then(|r| r.map_err(|e| map_image_error(declared, e)))?;
+    check_dimensions(width, height, limits)?;
+    Ok(ImageHeader {
+        width,
+        height,
+        decode_bytes: peak_decode_bytes(width, height, buffer_bytes, limits),
+    })
+}
+
+/// The most a decode of this image holds at once: the decoder's buffer
+/// (itself capped by `max_alloc_bytes`), an RGBA copy for compositing (or
+/// the decoder's working rows) and the RGB result, 4 + 3 bytes a pixel.
+fn peak_decode_bytes(width: u32, height: u32, buffer_bytes: u64, limits: &ImageLimits) -> u64 {
+    let pixels = u64::from(width) * u64::from(height);
+    buffer_bytes.min(limits.max_alloc_bytes) + pixels * 7
 }
 
 /// Checks that `bytes` really are `declared`, then decodes the first frame

@@ -3,6 +3,7 @@
 
 pub mod category;
 pub mod classifier;
+pub mod deadline;
 pub mod engine;
 pub mod image;
 pub mod lexical;
@@ -14,4 +15,5 @@ pub mod vision;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
+pub use deadline::{Deadline, DeadlineExceeded};
 pub use lexical::LexicalClassifier;

@@ -330,13 +330,16 @@ fn depthwise_plane(
 }
 
 /// nsfwjs's preprocessing into 224×224×3 values in [0, 1] (HWC).
+/// Values are normalised as they are read, so a large image is never copied
+/// whole into floats (12 bytes a pixel); the result is bit-identical.
 pub fn preprocess(rgb: &image::RgbImage) -> Vec<f32> {
-    let normalized: Vec<f32> = rgb.as_raw().iter().map(|&v| f32::from(v) / 255.0).collect();
+    let raw = rgb.as_raw();
+    let normalized = |i: usize| f32::from(raw[i]) / 255.0;
     let (w, h) = (rgb.width() as usize, rgb.height() as usize);
     if (w, h) == (INPUT_SIZE, INPUT_SIZE) {
-        normalized
+        (0..raw.len()).map(normalized).collect()
     } else {
-        resize_bilinear_align_corners(&normalized, (h, w), (INPUT_SIZE, INPUT_SIZE))
+        resize_bilinear_with(normalized, (h, w), (INPUT_SIZE, INPUT_SIZE))
     }
 }
 
@@ -344,6 +347,15 @@ pub fn preprocess(rgb: &image::RgbImage) -> Vec<f32> {
 /// HWC image with 3 channels, following tfjs's CPU kernel.
 pub fn resize_bilinear_align_corners(
     src: &[f32],
+    size: (usize, usize),
+    out_size: (usize, usize),
+) -> Vec<f32> {
+    resize_bilinear_with(|i| src[i], size, out_size)
+}
+
+/// The same, reading the source's value at flat index `i` through `src`.
+fn resize_bilinear_with(
+    src: impl Fn(usize) -> f32,
     (h, w): (usize, usize),
     (out_h, out_w): (usize, usize),
 ) -> Vec<f32> {
@@ -371,7 +383,7 @@ pub fn resize_bilinear_align_corners(
             );
             let dx = (fx - fx.floor()) as f32;
             for c in 0..3 {
-                let at = |y: usize, x: usize| src[(y * w + x) * 3 + c];
+                let at = |y: usize, x: usize| src((y * w + x) * 3 + c);
                 let top = at(y0, x0) + (at(y0, x1) - at(y0, x0)) * dx;
                 let bottom = at(y1, x0) + (at(y1, x1) - at(y1, x0)) * dx;
                 out.push(top + (bottom - top) * dy);

@@ -84,6 +84,7 @@ pub fn test_config(db: &TestDb, dir: &tempfile::TempDir) -> Config {
     config.database_url = moderato::config::Secret(db.url.clone());
     config.signing.key_file = dir.path().join("signing-key.pem");
     config.auth.pepper_file = dir.path().join("pepper");
+    config.usage.journal_dir = dir.path().join("usage-journal");
     config.models_dir = models_dir();
     config.shutdown_grace_ms = 10_000;
     config

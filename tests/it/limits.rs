@@ -142,7 +142,9 @@ async fn two_replicas_sharing_redis_admit_one_allowance() {
     })
     .await;
     // Same database, pepper, signing key and Redis: a second replica.
-    let config = first.config.clone();
+    let mut config = first.config.clone();
+    // Each replica keeps its own usage journal.
+    config.usage.journal_dir = first._dir.path().join("second-journal");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let second_base = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -1,11 +1,14 @@
 //! The integration test binary: the real service on a random port, over real
 //! HTTP, against SQLite and PostgreSQL (and Redis where limits are shared).
 
+mod child;
 mod helpers;
 
 mod api;
+mod budget;
 mod edge;
 mod images;
+mod journal;
 mod keys;
 mod limits;
 mod nsfwjs_reference;

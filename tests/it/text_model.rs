@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use moderato::moderation::text_model::{EmbeddingClassifier, TextModelError, SHIPPED_HEADS_JSON};
-use moderato::moderation::{Category, CategoryScores, TextClassifier};
+use moderato::moderation::{Category, CategoryScores, Deadline, TextClassifier};
 
 fn models_dir() -> PathBuf {
     std::env::var_os("MODERATO_MODELS_DIR")
@@ -246,7 +246,7 @@ fn the_combined_pass_catches_a_word_split_across_items() {
     // score_items builds the combined text from the items' chunks and the
     // chunks that straddle item boundaries.
     let items = ["I know where you live and I will k", "ill you tonight"];
-    let (each, combined) = model().score_items(&items).unwrap();
+    let (each, combined) = model().score_items(&items, &Deadline::distant()).unwrap();
     let combined = combined.expect("two items have a combined score");
     let t = model().default_thresholds();
     let threat = Category::HarassmentThreatening;
@@ -255,7 +255,7 @@ fn the_combined_pass_catches_a_word_split_across_items() {
         "combined text not flagged: {combined:?}"
     );
     assert!(combined.get(threat) > each[1].get(threat));
-    let (alone, one) = model().score_items(&items[..1]).unwrap();
+    let (alone, one) = model().score_items(&items[..1], &Deadline::distant()).unwrap();
     assert_eq!(Some(alone[0]), one, "one item's combined score is its own");
 }
 
@@ -273,7 +273,7 @@ fn a_request_encodes_its_items_chunks_once_plus_a_few_boundary_chunks() {
     ];
     model.score_batch(&items).unwrap();
     let alone = model.embedding_cache_stats().unwrap();
-    let (each, _) = model.score_items(&items).unwrap();
+    let (each, _) = model.score_items(&items, &Deadline::distant()).unwrap();
     let together = model.embedding_cache_stats().unwrap();
     // At most two chunks per boundary (run together, and joined when
     // letters meet): the items' own chunks are not encoded again.

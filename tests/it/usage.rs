@@ -145,6 +145,7 @@ async fn sigterm_in_the_middle_of_a_load_loses_nothing(backend: Backend) {
         .env("MODERATO_DATABASE_URL", &db.url)
         .env("MODERATO_AUTH__PEPPER_FILE", &config.auth.pepper_file)
         .env("MODERATO_SIGNING__KEY_FILE", &config.signing.key_file)
+        .env("MODERATO_USAGE__JOURNAL_DIR", &config.usage.journal_dir)
         .env("MODERATO_MODELS_DIR", &config.models_dir)
         .env("MODERATO_LOG_FORMAT", "json")
         .stderr(Stdio::piped())

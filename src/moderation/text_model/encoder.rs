@@ -15,6 +15,7 @@ use super::bert::{Bert, Config, Precision, Workspace};
 use super::cache::EmbeddingCache;
 use super::files::{read_verified, ModelFile};
 use super::TextModelError;
+use crate::moderation::Deadline;
 
 /// Embedding width of all-MiniLM-L6-v2.
 pub const EMBEDDING_DIM: usize = 384;
@@ -238,6 +239,16 @@ impl MiniLm {
     /// Identical windows are encoded once, and windows embedded by earlier
     /// calls come from the cache when there is one.
     pub fn embed(&self, windows: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        self.embed_within(windows, &Deadline::distant())
+    }
+
+    /// [`MiniLm::embed`] that stops before the next encoder pass once
+    /// `deadline` is over ([`TextModelError::Deadline`]).
+    pub fn embed_within(
+        &self,
+        windows: &[Vec<u32>],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<f32>>, TextModelError> {
         let mut first_of: HashMap<&[u32], usize> = HashMap::new();
         let mut distinct: Vec<&[u32]> = Vec::new();
         let slot: Vec<usize> = windows
@@ -258,7 +269,9 @@ impl MiniLm {
             .collect();
         if !missing.is_empty() {
             let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
-            let computed = self.pool.install(|| self.embed_distinct(&todo))?;
+            let computed = self
+                .pool
+                .install(|| self.embed_distinct(&todo, deadline))?;
             let computed: Vec<Arc<[f32]>> = computed.into_iter().map(Arc::from).collect();
             if let Some(cache) = &self.cache {
                 cache.insert_all(&todo, &computed);
@@ -275,7 +288,11 @@ impl MiniLm {
 
     /// Embeddings of distinct windows, in passes of at most
     /// [`MAX_BATCH_TOKENS`] tokens.
-    fn embed_distinct(&self, windows: &[&[u32]]) -> Result<Vec<Vec<f32>>, TextModelError> {
+    fn embed_distinct(
+        &self,
+        windows: &[&[u32]],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<f32>>, TextModelError> {
         let mut ws = self
             .workspaces
             .lock()
@@ -287,6 +304,9 @@ impl MiniLm {
         let result = loop {
             if rest.is_empty() {
                 break Ok(());
+            }
+            if let Err(e) = deadline.check() {
+                break Err(e.into());
             }
             let take = batch_len(rest);
             let (batch, tail) = rest.split_at(take);

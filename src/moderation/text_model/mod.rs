@@ -35,6 +35,7 @@ use super::category::{CategoryScores, Thresholds};
 use super::classifier::{EmbeddingCacheStats, TextClassifier};
 use super::lexical::LexicalClassifier;
 use super::normalize;
+use super::{Deadline, DeadlineExceeded};
 
 /// The shipped heads, thresholds and window settings.
 pub const SHIPPED_HEADS_JSON: &str = include_str!("../../../assets/text-model/heads.json");
@@ -62,6 +63,8 @@ pub enum TextModelError {
     Invalid(String),
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
+    #[error(transparent)]
+    Deadline(#[from] DeadlineExceeded),
     #[error("inference failed: {0}")]
     Inference(#[from] candle_core::Error),
 }
@@ -120,7 +123,7 @@ impl EmbeddingClassifier {
             .iter()
             .map(|t| self.text_chunks(t))
             .collect::<Result<Vec<_>, _>>()?;
-        self.embed_grouped(&chunks)
+        self.embed_grouped(&chunks, &Deadline::distant())
     }
 
     /// Embeds groups of chunks in one encoder call (each distinct chunk
@@ -128,9 +131,10 @@ impl EmbeddingClassifier {
     fn embed_grouped(
         &self,
         groups: &[Vec<Vec<u32>>],
+        deadline: &Deadline,
     ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
         let flat: Vec<Vec<u32>> = groups.iter().flatten().cloned().collect();
-        let mut embeddings = self.encoder.embed(&flat)?.into_iter();
+        let mut embeddings = self.encoder.embed_within(&flat, deadline)?.into_iter();
         Ok(groups
             .iter()
             .map(|g| embeddings.by_ref().take(g.len()).collect())
@@ -171,9 +175,10 @@ impl EmbeddingClassifier {
     pub fn score_items(
         &self,
         items: &[&str],
+        deadline: &Deadline,
     ) -> Result<(Vec<CategoryScores>, Option<CategoryScores>), TextModelError> {
         if items.len() < 2 {
-            let scores = self.score(items)?;
+            let scores = self.score_within(items, deadline)?;
             let combined = scores.first().copied();
             return Ok((scores, combined));
         }
@@ -186,7 +191,7 @@ impl EmbeddingClassifier {
             boundary.extend(self.text_chunks(&text)?);
         }
         groups.push(boundary);
-        let embedded = self.embed_grouped(&groups)?;
+        let embedded = self.embed_grouped(&groups, deadline)?;
         let scores = embedded
             .iter()
             .zip(items)
@@ -252,7 +257,20 @@ impl EmbeddingClassifier {
     /// Calibrated scores, one per text, in order. All chunks of all texts
     /// go through the encoder together.
     pub fn score(&self, texts: &[&str]) -> Result<Vec<CategoryScores>, TextModelError> {
-        let per_text = self.embed_windows(texts)?;
+        self.score_within(texts, &Deadline::distant())
+    }
+
+    /// [`EmbeddingClassifier::score`] that stops at `deadline`.
+    pub fn score_within(
+        &self,
+        texts: &[&str],
+        deadline: &Deadline,
+    ) -> Result<Vec<CategoryScores>, TextModelError> {
+        let chunks = texts
+            .iter()
+            .map(|t| self.text_chunks(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let per_text = self.embed_grouped(&chunks, deadline)?;
         Ok(per_text
             .iter()
             .zip(texts)
@@ -305,13 +323,29 @@ fn normalize_for_model(text: &str) -> String {
     normalize::normalize(text)
 }
 
+/// A passed deadline stays a [`DeadlineExceeded`] for the engine to recognise.
+fn into_anyhow(e: TextModelError) -> anyhow::Error {
+    match e {
+        TextModelError::Deadline(d) => anyhow::Error::new(d),
+        other => other.into(),
+    }
+}
+
 impl TextClassifier for EmbeddingClassifier {
     fn model_id(&self) -> String {
         format!("minilm-l6-heads-{}", self.heads.version)
     }
 
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
-        let scores = self.score(texts)?;
+        self.score_batch_within(texts, &Deadline::distant())
+    }
+
+    fn score_batch_within(
+        &self,
+        texts: &[&str],
+        deadline: &Deadline,
+    ) -> anyhow::Result<Vec<CategoryScores>> {
+        let scores = self.score_within(texts, deadline).map_err(into_anyhow)?;
         self.log_cache_stats();
         Ok(scores)
     }
@@ -319,8 +353,9 @@ impl TextClassifier for EmbeddingClassifier {
     fn score_items(
         &self,
         items: &[&str],
+        deadline: &Deadline,
     ) -> anyhow::Result<(Vec<CategoryScores>, Option<CategoryScores>)> {
-        let scores = EmbeddingClassifier::score_items(self, items)?;
+        let scores = EmbeddingClassifier::score_items(self, items, deadline).map_err(into_anyhow)?;
         self.log_cache_stats();
         Ok(scores)
     }
