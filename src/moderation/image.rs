@@ -283,7 +283,7 @@ pub fn inspect(
     if bytes.len() > limits.max_bytes {
         return Err(too_large_bytes(bytes.len(), limits.max_bytes));
     }
-    check_magic(declared, bytes)?;
+    check_container(declared, bytes)?;
     let (width, height, buffer_bytes) = guard_panics(|| {
         let decoder = reader(declared, bytes, decoder_limits(limits, false)).into_decoder()?;
         let (width, height) = decoder.dimensions();
@@ -316,10 +316,7 @@ pub fn decode(
     if bytes.len() > limits.max_bytes {
         return Err(too_large_bytes(bytes.len(), limits.max_bytes));
     }
-    check_magic(declared, &bytes)?;
-    if declared == ImageFormat::Jpeg {
-        check_jpeg_complete(&bytes)?;
-    }
+    check_container(declared, &bytes)?;
     let (width, height) = read_dimensions(declared, &bytes, limits)?;
     check_dimensions(width, height, limits)?;
     let image = decode_pixels(declared, &bytes, limits)?;
@@ -331,6 +328,16 @@ pub fn decode(
         rgb,
         encoded: bytes,
     })
+}
+
+/// The data is a whole file of the declared format: its signature, and for
+/// JPEG its end-of-image marker (the header alone reads fine from half a file).
+fn check_container(declared: ImageFormat, bytes: &[u8]) -> Result<(), ImageError> {
+    check_magic(declared, bytes)?;
+    if declared == ImageFormat::Jpeg {
+        check_jpeg_complete(bytes)?;
+    }
+    Ok(())
 }
 
 fn check_magic(declared: ImageFormat, bytes: &[u8]) -> Result<(), ImageError> {
