@@ -255,7 +255,9 @@ fn the_combined_pass_catches_a_word_split_across_items() {
         "combined text not flagged: {combined:?}"
     );
     assert!(combined.get(threat) > each[1].get(threat));
-    let (alone, one) = model().score_items(&items[..1], &Deadline::distant()).unwrap();
+    let (alone, one) = model()
+        .score_items(&items[..1], &Deadline::distant())
+        .unwrap();
     assert_eq!(Some(alone[0]), one, "one item's combined score is its own");
 }
 

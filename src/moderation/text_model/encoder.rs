@@ -269,9 +269,7 @@ impl MiniLm {
             .collect();
         if !missing.is_empty() {
             let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
-            let computed = self
-                .pool
-                .install(|| self.embed_distinct(&todo, deadline))?;
+            let computed = self.pool.install(|| self.embed_distinct(&todo, deadline))?;
             let computed: Vec<Arc<[f32]>> = computed.into_iter().map(Arc::from).collect();
             if let Some(cache) = &self.cache {
                 cache.insert_all(&todo, &computed);

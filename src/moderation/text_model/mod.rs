@@ -355,7 +355,8 @@ impl TextClassifier for EmbeddingClassifier {
         items: &[&str],
         deadline: &Deadline,
     ) -> anyhow::Result<(Vec<CategoryScores>, Option<CategoryScores>)> {
-        let scores = EmbeddingClassifier::score_items(self, items, deadline).map_err(into_anyhow)?;
+        let scores =
+            EmbeddingClassifier::score_items(self, items, deadline).map_err(into_anyhow)?;
         self.log_cache_stats();
         Ok(scores)
     }
