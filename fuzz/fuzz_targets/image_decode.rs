@@ -9,7 +9,7 @@
 
 #![no_main]
 
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 #[path = "../../src/moderation/image.rs"]
 #[rustfmt::skip] // formatted with the main crate; rustfmt cannot follow its test module from here
 mod image_path;

@@ -18,6 +18,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage, RgbaImage};
 
+// The path is spelt out so that the fuzz target, which compiles this file
+// as a module of its own, finds it too.
+#[path = "image/budget.rs"]
 mod budget;
 pub use budget::{DecodeBudget, DecodeReservation, NoMemoryInTime};
 
