@@ -135,10 +135,7 @@ impl MiniLm {
     /// same wherever the sentence appears, so the combined text of a request
     /// reuses its items' chunks and a repeated message hits the cache.
     pub fn chunks(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.encode(text)?;
         let ids = encoding.get_ids();
         let len = cfg.content_len();
         let stride = cfg.stride.clamp(1, len);
@@ -193,10 +190,7 @@ impl MiniLm {
         text: &'a str,
         tokens: usize,
     ) -> Result<(&'a str, &'a str), TextModelError> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.encode(text)?;
         let offsets = encoding.get_offsets();
         if offsets.len() <= tokens || tokens == 0 {
             return Ok((text, text));
@@ -209,13 +203,17 @@ impl MiniLm {
         }
     }
 
+    /// The text's tokens, without `[CLS]`/`[SEP]`, truncation or padding.
+    fn encode(&self, text: &str) -> Result<tokenizers::Encoding, TextModelError> {
+        self.tokenizer
+            .encode(text, false)
+            .map_err(|e| TextModelError::Tokenizer(e.to_string()))
+    }
+
     /// Token windows covering the whole text, each framed by `[CLS]`/`[SEP]`.
     /// An empty text gives one window with the markers only.
     pub fn windows(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| TextModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.encode(text)?;
         let ids = encoding.get_ids();
         let len = cfg.content_len();
         let stride = cfg.stride.clamp(1, len);
