@@ -8,7 +8,7 @@ use base64::Engine as _;
 use futures::future::join_all;
 use serde_json::{json, Value};
 
-use crate::child::{env_for, ChildServer};
+use crate::child::{enterprise_key, env_for, ChildServer};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::config::TextClassifierKind;
@@ -187,21 +187,7 @@ async fn concurrent_image_bombs_stay_within_the_memory_budget() {
         (BUDGET_MB << 20).to_string(),
     ));
     let server = ChildServer::start(&env);
-    let store = moderato::store::connect(&db.url).await.unwrap();
-    let pepper = moderato::load_pepper(&config).unwrap();
-    let new = moderato::keys::generate(&pepper);
-    store
-        .insert_key(&moderato::store::ApiKeyRecord {
-            id: new.id.clone(),
-            name: "bombs".into(),
-            tier: Tier::Enterprise,
-            custom_rpm: Some(1000),
-            secret_hash: new.secret_hash.clone(),
-            created_at: chrono::Utc::now(),
-            revoked_at: None,
-        })
-        .await
-        .unwrap();
+    let new = enterprise_key(&config, &db.url, "bombs", 1000).await;
     let client = reqwest::Client::new();
     let send = |body: Value| {
         let (client, url, key) = (

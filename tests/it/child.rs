@@ -15,6 +15,33 @@ pub struct ChildServer {
     log: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
+/// An enterprise key allowed `rpm` requests a minute, stored in the
+/// database at `database_url` under `config`'s pepper: for driving a child
+/// process harder than any plan allows.
+pub async fn enterprise_key(
+    config: &Config,
+    database_url: &str,
+    name: &str,
+    rpm: u32,
+) -> moderato::keys::NewKey {
+    let store = moderato::store::connect(database_url).await.unwrap();
+    let pepper = moderato::load_pepper(config).unwrap();
+    let new = moderato::keys::generate(&pepper);
+    store
+        .insert_key(&moderato::store::ApiKeyRecord {
+            id: new.id.clone(),
+            name: name.into(),
+            tier: moderato::store::Tier::Enterprise,
+            custom_rpm: Some(rpm),
+            secret_hash: new.secret_hash.clone(),
+            created_at: chrono::Utc::now(),
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
+    new
+}
+
 /// Environment that points the binary at the test's database and files.
 pub fn env_for(config: &Config, dir: &Path) -> Vec<(String, String)> {
     vec![

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::child::{env_for, ChildServer};
+use crate::child::{enterprise_key, env_for, ChildServer};
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::{KeyId, Tier};
+use moderato::store::KeyId;
 
 async fn sigkill_under_load_loses_no_answered_request(backend: Backend) {
     let db = TestDb::new(backend).await;
@@ -19,21 +19,8 @@ async fn sigkill_under_load_loses_no_answered_request(backend: Backend) {
     let config = test_config(&db, &dir);
     let mut env = env_for(&config, dir.path());
     env.push(("MODERATO_TEXT_CLASSIFIER".into(), "lexical".into()));
+    let new = enterprise_key(&config, &db.url, "load", 10_000_000).await;
     let store = moderato::store::connect(&db.url).await.unwrap();
-    let pepper = moderato::load_pepper(&config).unwrap();
-    let new = moderato::keys::generate(&pepper);
-    store
-        .insert_key(&moderato::store::ApiKeyRecord {
-            id: new.id.clone(),
-            name: "load".into(),
-            tier: Tier::Enterprise,
-            custom_rpm: Some(10_000_000),
-            secret_hash: new.secret_hash.clone(),
-            created_at: chrono::Utc::now(),
-            revoked_at: None,
-        })
-        .await
-        .unwrap();
 
     let mut server = ChildServer::start(&env);
     let client = reqwest::Client::new();

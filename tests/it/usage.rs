@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use serde_json::{json, Value};
 
+use crate::child::enterprise_key;
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::store::{KeyId, Period, Tier};
@@ -123,21 +124,8 @@ async fn sigterm_in_the_middle_of_a_load_loses_nothing(backend: Backend) {
     let db = TestDb::new(backend).await;
     let dir = tempfile::tempdir().unwrap();
     let config = test_config(&db, &dir);
+    let new = enterprise_key(&config, &db.url, "load", 1_000_000).await;
     let store = moderato::store::connect(&db.url).await.unwrap();
-    let pepper = moderato::load_pepper(&config).unwrap();
-    let new = moderato::keys::generate(&pepper);
-    store
-        .insert_key(&moderato::store::ApiKeyRecord {
-            id: new.id.clone(),
-            name: "load".into(),
-            tier: Tier::Enterprise,
-            custom_rpm: Some(1_000_000),
-            secret_hash: new.secret_hash.clone(),
-            created_at: chrono::Utc::now(),
-            revoked_at: None,
-        })
-        .await
-        .unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_moderato"))
         .arg("serve")
