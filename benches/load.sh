@@ -68,11 +68,11 @@ run() {
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
-  wrk -t"$threads" -c"$connections" -d3s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
+  wrk -t"$threads" -c"$connections" -d3s --timeout 60s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
   echo "== text classifier: $classifier ($connections connections, ${duration}s, $label)"
-  wrk -t"$threads" -c"$connections" -d"${duration}s" --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
+  wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 60s --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
     > "$work/out.txt"
-  grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|requests in" "$work/out.txt"
+  grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|Socket errors|requests in" "$work/out.txt"
   awk -v c="$chars" '/Requests\/sec/ { printf "  Characters/sec: %.0f (%.0f characters a request)\n", $2 * c, c }' "$work/out.txt"
   kill -TERM "$pid"; wait "$pid" || true
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use moderato::moderation::text_model::EmbeddingClassifier;
-use moderato::moderation::TextClassifier;
+use moderato::moderation::{Deadline, TextClassifier};
 
 fn load() -> EmbeddingClassifier {
     let dir = std::env::var_os("MODERATO_MODELS_DIR")
@@ -45,16 +45,6 @@ fn long_text() -> String {
     sentence.repeat(2000 / sentence.len() + 1)[..2000].to_string()
 }
 
-/// The engine's text batch for a request: the items, then (with two or
-/// more) the items joined by a line break and run together.
-fn request_batch(items: &[String]) -> Vec<String> {
-    let mut batch = items.to_vec();
-    if items.len() > 1 {
-        batch.push(items.join("\n"));
-        batch.push(items.concat());
-    }
-    batch
-}
 
 fn classifier(c: &mut Criterion, model: &EmbeddingClassifier) {
     let short = "You are an idiot and I will find you.";
@@ -69,12 +59,13 @@ fn classifier(c: &mut Criterion, model: &EmbeddingClassifier) {
 
     let items: Vec<String> = mixed_texts().into_iter().take(8).collect();
     let chars: usize = items.iter().map(|t| t.chars().count()).sum();
-    let batch = request_batch(&items);
-    let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+    let refs: Vec<&str> = items.iter().map(String::as_str).collect();
     let mut group = c.benchmark_group("text_model");
     group.throughput(Throughput::Elements(chars as u64));
+    // What the engine does for a request of 8 items: each item and the
+    // combined text, from one encoder call (items' chunks + boundary chunks).
     group.bench_function("8_mixed_with_combined", |b| {
-        b.iter(|| model.score_batch(&refs).unwrap())
+        b.iter(|| model.score_items(&refs, &Deadline::distant()).unwrap())
     });
     group.bench_function("8_mixed_one_per_call", |b| {
         b.iter(|| {
