@@ -45,7 +45,6 @@ fn long_text() -> String {
     sentence.repeat(2000 / sentence.len() + 1)[..2000].to_string()
 }
 
-
 fn classifier(c: &mut Criterion, model: &EmbeddingClassifier) {
     let short = "You are an idiot and I will find you.";
     c.bench_function("text_model/short_single", |b| {
