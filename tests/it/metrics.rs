@@ -113,9 +113,15 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
     let before = Scrape::take(&app.client, &metrics).await;
 
     let threat = "I will kill you and your whole family";
+    // The text model and its embedding cache are shared by every app in the
+    // process: a text of its own makes this test's misses its own, and its
+    // second sending a hit.
+    let unique = format!("note {}", uuid::Uuid::new_v4().simple());
     let mut flagged_categories = 0;
     for _ in 0..2 {
-        let (status, _, body) = parts(app.moderate_text(&key, threat).await).await;
+        let items =
+            json!({"input": [{"type": "text", "text": threat}, {"type": "text", "text": unique}]});
+        let (status, _, body) = parts(app.moderate(&key, &items).await).await;
         assert_eq!(status, 200, "{body}");
         flagged_categories += body["results"][0]["categories"]
             .as_object()
@@ -192,11 +198,11 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
         &[("classifier", "text")],
         4.0,
     );
-    at_least("moderato_items_scored_total", &[("kind", "text")], 5.0);
+    at_least("moderato_items_scored_total", &[("kind", "text")], 7.0);
     at_least(
         "moderato_text_characters_scored_total",
         &[],
-        (2 * threat.chars().count() + 5 + 1) as f64,
+        (2 * (threat.chars().count() + unique.chars().count()) + 5 + 1) as f64,
     );
     at_least(
         "moderato_flagged_results_total",
