@@ -11,6 +11,7 @@ pub mod error;
 pub mod extract;
 pub mod meta;
 pub mod moderate;
+pub mod openapi;
 pub mod request_id;
 pub mod serve;
 pub mod signing;

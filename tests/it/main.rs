@@ -12,6 +12,7 @@ mod journal;
 mod keys;
 mod limits;
 mod nsfwjs_reference;
+mod openapi;
 mod signatures;
 mod store;
 mod text_model;
