@@ -44,6 +44,7 @@ fn batch(size: usize) -> Vec<UsageEvent> {
                 rate_limited: n.is_multiple_of(20),
                 billable: !n.is_multiple_of(20),
                 latency_ms: 35,
+                endpoint: store::Endpoint::Moderate,
             }
         })
         .collect()

@@ -45,6 +45,8 @@ export MODERATO_DATABASE_URL="sqlite://$work/moderato.db"
 export MODERATO_SIGNING__KEY_FILE="$work/signing-key.pem"
 export MODERATO_AUTH__PEPPER_FILE="$work/api-key-pepper"
 export MODERATO_USAGE__JOURNAL_DIR="$work/usage-journal"
+# No metrics listener: its fixed default port could be taken on a CI machine.
+export MODERATO_METRICS_ADDR=""
 export MODERATO_LOG="${MODERATO_LOG:-warn}"
 
 key="$("$binary" keys create --name schemathesis --tier enterprise --rpm 1000000 --json \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the model files if missing, checks that
-# PostgreSQL, Redis and Python's `cryptography` are there, then runs every
-# test (unit and integration, both storage backends).
+# PostgreSQL, Redis and Python's `cryptography` and `openai` are there, then
+# runs every test (unit and integration, both storage backends).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -19,6 +19,10 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
 fi
 if ! "${PYTHON:-python3}" -c 'import cryptography' 2>/dev/null; then
   echo "Python's cryptography package is missing (the signature tests verify with it): pip install cryptography" >&2
+  exit 1
+fi
+if ! "${PYTHON:-python3}" -c 'import openai' 2>/dev/null; then
+  echo "Python's openai package is missing (/v1/moderations is tested with the real SDK): pip install openai==3.54.0" >&2
   exit 1
 fi
 

@@ -108,9 +108,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
+    let metrics = match config.metrics_addr()? {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {address} (metrics_addr; empty turns metrics off)"))?,
+        ),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    crate::run(config, listener, shutdown).await
+    crate::run_with_metrics(config, listener, metrics, shutdown).await
 }
 
 async fn cancel_on_signal(token: CancellationToken) {

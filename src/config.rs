@@ -77,6 +77,9 @@ pub enum ImageClassifierKind {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub addr: SocketAddr,
+    /// Where `GET /metrics` (Prometheus) is served; empty: nowhere. Never
+    /// the API's listener.
+    pub metrics_addr: String,
     /// May hold a password: never log it.
     pub database_url: Secret,
     pub redis_url: Option<Secret>,
@@ -305,6 +308,19 @@ impl ThresholdOverrides {
 }
 
 impl Config {
+    /// The metrics listener's address; `None` when metrics are off.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        let text = self.metrics_addr.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "metrics_addr {text:?} is not an address such as 127.0.0.1:9464 (empty turns metrics off)"
+            ))
+        })
+    }
+
     /// Defaults, then `file` (if any), then the environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS));
@@ -326,6 +342,14 @@ impl Config {
     /// Checks what the types cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(metrics) = self.metrics_addr()? {
+            if metrics == self.addr && metrics.port() != 0 {
+                return invalid(
+                    "metrics_addr must differ from addr: metrics are never served with the API"
+                        .into(),
+                );
+            }
+        }
         if self.auth.key_cache_ttl_ms > 1000 {
             return invalid("auth.key_cache_ttl_ms must be at most 1000 (revocations take effect within one second)".into());
         }
@@ -440,6 +464,10 @@ mod tests {
             assert_eq!(config.plans.rpm(Tier::Pro), 300);
             assert_eq!(config.limits.max_items, 64);
             assert!(config.redis_url.is_none());
+            assert_eq!(
+                config.metrics_addr().unwrap(),
+                Some("127.0.0.1:9464".parse().unwrap())
+            );
             Ok(())
         });
     }
@@ -524,6 +552,21 @@ mod tests {
             jail.set_env("MODERATO_AUTH__TRUSTED_PROXIES", "[\"10.0.0.0/40\"]");
             let err = Config::load(None).unwrap_err().to_string();
             assert!(err.contains("10.0.0.0/40"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn metrics_are_off_when_empty_and_never_on_the_api_address() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MODERATO_METRICS_ADDR", "");
+            assert_eq!(Config::load(None).unwrap().metrics_addr().unwrap(), None);
+            jail.set_env("MODERATO_METRICS_ADDR", "127.0.0.1:8080");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("metrics_addr"), "{err}");
+            jail.set_env("MODERATO_METRICS_ADDR", "nine");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("metrics_addr"), "{err}");
             Ok(())
         });
     }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod fsutil;
 pub mod http;
 pub mod keys;
+pub mod metrics;
 pub mod moderation;
 pub mod ratelimit;
 pub mod signing;
@@ -30,12 +31,28 @@ use moderation::{ImageClassifier, TextClassifier};
 
 /// Serves the service on `listener` until `shutdown` is cancelled, then
 /// finishes the requests in flight (at most `shutdown_grace_ms`) and writes
-/// every pending usage event before returning.
+/// every pending usage event before returning. No metrics listener: see
+/// [`run_with_metrics`].
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    run_with_metrics(config, listener, None, shutdown).await
+}
+
+/// [`run`], and `GET /metrics` (Prometheus) on `metrics` when given.
+pub async fn run_with_metrics(
+    config: Config,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    if let Some(metrics_listener) = metrics {
+        let handle = metrics::install()?;
+        tracing::info!(address = %metrics_listener.local_addr()?, "metrics listening");
+        tokio::spawn(metrics::serve(metrics_listener, handle, shutdown.clone()));
+    }
     let store = store::connect(&config.database_url.0)
         .await
         .context("opening the database")?;

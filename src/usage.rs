@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::names;
 use crate::store::{Store, StoreError, UsageEvent};
 use journal::{Journal, JournalError, SegmentId};
 
@@ -68,6 +69,7 @@ impl UsagePermit {
         let recording = tokio::spawn(async move {
             match journal.append(&event).await {
                 Ok(segment) => {
+                    metrics::counter!(names::USAGE_JOURNALED).increment(1);
                     permit.send(Journaled {
                         event,
                         segment: Some(segment),
@@ -160,6 +162,8 @@ impl UsageRecorder {
     }
 
     pub fn reserve(&self) -> Result<UsagePermit, QueueFull> {
+        let waiting = self.sender.max_capacity() - self.sender.capacity();
+        metrics::gauge!(names::USAGE_QUEUE_DEPTH).set(waiting as f64);
         match self.sender.clone().try_reserve_owned() {
             Ok(permit) => Ok(UsagePermit {
                 permit,
@@ -218,6 +222,7 @@ async fn write_loop(
     // Events arriving while a batch is written wait in the queue and form the
     // next batch: under load, batches grow by themselves.
     while receiver.recv_many(&mut batch, batch_size).await > 0 {
+        metrics::gauge!(names::USAGE_QUEUE_DEPTH).set((batch.len() + receiver.len()) as f64);
         let events: Vec<UsageEvent> = batch.iter().map(|j| j.event.clone()).collect();
         if !write_with_retry(store.as_ref(), &events, &journal, &give_up).await {
             receiver.close();
@@ -242,7 +247,10 @@ async fn write_with_retry(
     let mut backoff = Duration::from_millis(50);
     loop {
         match store.insert_usage(batch).await {
-            Ok(()) => return true,
+            Ok(()) => {
+                metrics::counter!(names::USAGE_BATCHES).increment(1);
+                return true;
+            }
             // A constraint refuses some event (it names a key that is not
             // there): retrying the batch would never succeed, so write the
             // events one by one and quarantine the refused ones.
@@ -259,6 +267,7 @@ async fn write_with_retry(
             }
             Err(error) => {
                 tracing::warn!(%error, events = batch.len(), "usage batch not written; retrying");
+                metrics::counter!(names::USAGE_RETRIES).increment(1);
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = give_up.cancelled() => return false,
@@ -277,6 +286,7 @@ fn quarantine_refused(journal: &Journal, refused: &[UsageEvent]) -> bool {
     }
     match journal.quarantine_events(refused) {
         Ok(path) => {
+            metrics::counter!(names::USAGE_QUARANTINED).increment(refused.len() as u64);
             tracing::error!(events = refused.len(), path = %path.display(), "usage events refused by the database kept in quarantine");
             true
         }
@@ -412,6 +422,7 @@ mod tests {
             rate_limited: false,
             billable: true,
             latency_ms: 3,
+            endpoint: crate::store::Endpoint::Moderate,
         }
     }
 

@@ -1,6 +1,7 @@
-//! Authentication, rate limiting and metering of `/v1/moderate`, as one
-//! layer: the three share the key, and every authenticated request must
-//! leave exactly one usage event whatever its outcome.
+//! Authentication, rate limiting and metering of the moderation routes
+//! (`/v1/moderate` and `/v1/moderations`), as one layer: the three share the
+//! key, and every authenticated request must leave exactly one usage event
+//! whatever its outcome, marked with the route that served it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header::EXPECT;
+use axum::http::header::{AUTHORIZATION, EXPECT};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -20,8 +21,9 @@ use super::request_id::RequestId;
 use super::AppState;
 use crate::config::IpBlock;
 use crate::keys::PresentedKey;
+use crate::metrics::names;
 use crate::ratelimit::Decision;
-use crate::store::{ApiKeyRecord, KeyId, Store, StoreError, UsageEvent};
+use crate::store::{ApiKeyRecord, Endpoint, KeyId, Store, StoreError, UsageEvent};
 use crate::usage::UsageStats;
 
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -92,15 +94,26 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         )
         .into_response();
     };
+    let Some(endpoint) = request.extensions().get::<Endpoint>().copied() else {
+        return ApiError::Internal("the route does not say which endpoint it is".into())
+            .into_response();
+    };
     let address = client_address(peer.ip(), request.headers(), &state.trusted_proxies);
     let blocked = state.failed_auth.blocked(address);
-    let record = match identify(&state, request.headers(), blocked.is_some()).await {
+    let presented = presented_key(request.headers(), endpoint);
+    let record = match identify(&state, presented, blocked.is_some()).await {
         Ok(record) => record,
         Err(error @ (ApiError::MissingApiKey | ApiError::InvalidApiKey)) => {
             let refusal = match blocked.or_else(|| state.failed_auth.record_failure(address)) {
                 Some(wait) => ApiError::RateLimited { retry_after: wait },
                 None => error,
             };
+            let reason = match refusal {
+                ApiError::MissingApiKey => "missing",
+                ApiError::InvalidApiKey => "invalid",
+                _ => "blocked",
+            };
+            metrics::counter!(names::AUTH_FAILURES, "reason" => reason).increment(1);
             return refuse(request, refusal, &state).await;
         }
         Err(other) => return refuse(request, other, &state).await,
@@ -134,6 +147,15 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         .get::<UsageStats>()
         .copied()
         .unwrap_or_default();
+    let limit = match (decision.allowed, stats.rate_limited) {
+        (false, _) => Some("requests"),
+        (true, true) => Some("characters"),
+        (true, false) => None,
+    };
+    if let Some(limit) = limit {
+        metrics::counter!(names::RATE_LIMITED, "tier" => record.tier.as_str(), "limit" => limit)
+            .increment(1);
+    }
     let status = response.status().as_u16();
     let event = UsageEvent {
         request_id,
@@ -149,6 +171,7 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         rate_limited: !decision.allowed || stats.rate_limited,
         billable: status == 200,
         latency_ms: u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX),
+        endpoint,
     };
     // The response leaves only once its usage event is on disk.
     if let Err(error) = permit.record(event).await {
@@ -189,18 +212,39 @@ async fn drain(mut body: Body, limit: usize) {
     }
 }
 
+/// The key as sent: in `X-API-Key`, or, on `/v1/moderations` (OpenAI's
+/// clients send it so), as `Authorization: Bearer <key>`. `X-API-Key` wins
+/// when both are there. `Err(InvalidApiKey)` for a header that is there but
+/// not a key, such as another authorization scheme.
+fn presented_key(headers: &HeaderMap, endpoint: Endpoint) -> Result<&str, ApiError> {
+    if let Some(value) = headers.get(API_KEY_HEADER) {
+        return value
+            .to_str()
+            .map_err(|_| ApiError::InvalidApiKey)
+            .map(str::trim);
+    }
+    let bearer = match endpoint {
+        Endpoint::Moderations => headers.get(AUTHORIZATION),
+        Endpoint::Moderate => None,
+    };
+    let value = bearer.ok_or(ApiError::MissingApiKey)?;
+    let text = value.to_str().map_err(|_| ApiError::InvalidApiKey)?.trim();
+    match text.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => Ok(token.trim()),
+        _ => Err(ApiError::InvalidApiKey),
+    }
+}
+
 /// The key's record if the presented key is valid. While `address_blocked`
 /// (the address failed too often), a key that is not in the cache is looked
 /// up only through the limiter's few look-up slots: a valid key is still
 /// served, and guesses from that address cannot load the database.
 async fn identify(
     state: &AppState,
-    headers: &HeaderMap,
+    presented: Result<&str, ApiError>,
     address_blocked: bool,
 ) -> Result<ApiKeyRecord, ApiError> {
-    let value = headers.get(API_KEY_HEADER).ok_or(ApiError::MissingApiKey)?;
-    let text = value.to_str().map_err(|_| ApiError::InvalidApiKey)?.trim();
-    let presented = PresentedKey::parse(text).ok_or(ApiError::InvalidApiKey)?;
+    let presented = PresentedKey::parse(presented?).ok_or(ApiError::InvalidApiKey)?;
     let cached = state.keys.cached(&presented.id);
     let record = match cached {
         Some(hit) => hit,

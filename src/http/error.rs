@@ -1,4 +1,13 @@
-//! The API's error type and the one table that maps it to status and code.
+//! The API's error type and the one table that maps it to status and code,
+//! rendered in the error dialect of the route that answers: Moderato's
+//! `{"error":{"code","message"}}`, or OpenAI's
+//! `{"error":{"message","type","param","code"}}` on `/v1/moderations`.
+//!
+//! The dialect is chosen once per route ([`Dialect::scope`], by the route's
+//! layer) and read here when any error becomes a response, so that errors
+//! from the layers inside the route (authentication, rate limits, the body
+//! extractor's 408/413/415, a caught panic) speak it too, with no response
+//! rewritten after the fact.
 
 use std::time::Duration;
 
@@ -10,6 +19,32 @@ use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
 use crate::store::StoreError;
+
+/// How an error body is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error":{"code","message"}}`.
+    #[default]
+    Moderato,
+    /// OpenAI's `{"error":{"message","type","param","code"}}`, for its SDKs.
+    OpenAi,
+}
+
+tokio::task_local! {
+    static DIALECT: Dialect;
+}
+
+impl Dialect {
+    /// Runs `future` (a route's handling) with every error rendered in `self`.
+    pub async fn scope<F: std::future::Future>(self, future: F) -> F::Output {
+        DIALECT.scope(self, future).await
+    }
+
+    /// The dialect of the route being answered (Moderato's outside any).
+    pub fn current() -> Dialect {
+        DIALECT.try_with(|d| *d).unwrap_or_default()
+    }
+}
 
 /// Every error a client can see. Messages say what to fix; internals stay in
 /// the log.
@@ -176,6 +211,94 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The body in `dialect`.
+    fn body(&self, dialect: Dialect) -> ErrorJson {
+        let code = self.code();
+        match dialect {
+            Dialect::Moderato => ErrorJson::Moderato(ErrorBody {
+                error: ErrorObject {
+                    code,
+                    message: self.to_string(),
+                },
+            }),
+            Dialect::OpenAi => ErrorJson::OpenAi(OpenAiErrorBody {
+                error: OpenAiErrorObject {
+                    message: self.openai_message(),
+                    kind: openai_type(code.status()),
+                    param: self.param().map(str::to_owned),
+                    code,
+                },
+            }),
+        }
+    }
+
+    /// OpenAI's clients send the key as a bearer token.
+    fn openai_message(&self) -> String {
+        match self {
+            ApiError::MissingApiKey => "no API key was sent: send it in the Authorization header as `Bearer <key>` (or in X-API-Key)".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The request field an error is about, when its message starts with
+    /// one (`input[2].image_url.url: ...`): OpenAI's `param`.
+    fn param(&self) -> Option<&str> {
+        let message = match self {
+            ApiError::InvalidRequest(m)
+            | ApiError::PayloadTooLarge(m)
+            | ApiError::InvalidImage(m) => m,
+            _ => return None,
+        };
+        let (head, _) = message.split_once(':')?;
+        let is_path = head.starts_with("input") || head == "model";
+        (is_path && !head.contains(' ')).then_some(head)
+    }
+}
+
+/// OpenAI's error `type` for a status: its SDKs branch on the status, people
+/// read the type.
+fn openai_type(status: StatusCode) -> OpenAiErrorType {
+    match status.as_u16() {
+        429 => OpenAiErrorType::RateLimitError,
+        500.. => OpenAiErrorType::ServerError,
+        _ => OpenAiErrorType::InvalidRequestError,
+    }
+}
+
+/// An error body in one of the dialects, serialised as that body alone.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ErrorJson {
+    Moderato(ErrorBody),
+    OpenAi(OpenAiErrorBody),
+}
+
+/// OpenAI's error body, on `/v1/moderations`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorObject,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorObject {
+    /// What to fix.
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: OpenAiErrorType,
+    /// The request field the error is about (`input[2].image_url.url`), if any.
+    pub param: Option<String>,
+    pub code: ErrorCode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiErrorType {
+    InvalidRequestError,
+    RateLimitError,
+    ServerError,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code().status();
@@ -184,12 +307,7 @@ impl IntoResponse for ApiError {
             ApiError::ServiceUnavailable(detail) => tracing::warn!(detail, "service unavailable"),
             _ => {}
         }
-        let body = ErrorBody {
-            error: ErrorObject {
-                code: self.code(),
-                message: self.to_string(),
-            },
-        };
+        let body = self.body(Dialect::current());
         let mut response = (status, axum::Json(body)).into_response();
         if let ApiError::RateLimited { retry_after } = &self {
             response.headers_mut().insert(
@@ -224,5 +342,36 @@ mod tests {
         assert!(!error.to_string().contains("hunter2"));
         let error: ApiError = StoreError::Unavailable("postgres://u:secret@h".into()).into();
         assert!(!error.to_string().contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn the_route_dialect_shapes_every_error() {
+        let error = || ApiError::InvalidRequest("input[2].image_url.url: not a data URL".into());
+        let json = |body: ErrorJson| serde_json::to_value(body).unwrap();
+        let moderato = json(error().body(Dialect::current()));
+        assert_eq!(moderato["error"]["code"], "invalid_request");
+        assert!(moderato["error"].get("type").is_none());
+
+        let openai = Dialect::OpenAi
+            .scope(async { json(error().body(Dialect::current())) })
+            .await;
+        assert_eq!(openai["error"]["type"], "invalid_request_error");
+        assert_eq!(openai["error"]["code"], "invalid_request");
+        assert_eq!(openai["error"]["param"], "input[2].image_url.url");
+        assert_eq!(
+            openai["error"]["message"],
+            "input[2].image_url.url: not a data URL"
+        );
+        let limited = ApiError::RateLimited {
+            retry_after: Duration::from_secs(3),
+        };
+        let body = json(limited.body(Dialect::OpenAi));
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["param"], serde_json::Value::Null);
+        let prose = ApiError::InvalidRequest("the request body is not valid JSON: x".into());
+        assert_eq!(
+            json(prose.body(Dialect::OpenAi))["error"]["param"],
+            serde_json::Value::Null
+        );
     }
 }

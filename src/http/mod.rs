@@ -2,16 +2,19 @@
 //!
 //! Layers, outermost first: signing (so every response is signed, errors
 //! and 401s included), the body guard (`Connection: close` when a request's
-//! body was left unread), request id, panic catcher; then, on `/v1/moderate`
-//! only, authentication + rate limit + metering, and the handler's own panic
-//! catcher (so that even a panicking request leaves its usage event).
+//! body was left unread), request id, panic catcher; then, on the moderation
+//! routes (`/v1/moderate`, `/v1/moderations`) only, the route's endpoint and
+//! error dialect, authentication + rate limit + metering, and the handler's
+//! own panic catcher (so that even a panicking request leaves its usage event).
 
 pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod meta;
 pub mod moderate;
+pub mod openai;
 pub mod openapi;
+pub mod pipeline;
 pub mod request_id;
 pub mod serve;
 pub mod signing;
@@ -26,11 +29,12 @@ use std::time::Duration;
 
 use axum::body::{Body, HttpBody};
 use axum::extract::Request;
+use axum::handler::Handler;
 use axum::http::header::CONNECTION;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{middleware, Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -39,9 +43,9 @@ use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
 use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
 use crate::signing::ResponseSigner;
-use crate::store::Store;
+use crate::store::{Endpoint, Store};
 use crate::usage::UsageRecorder;
-use error::ApiError;
+use error::{ApiError, Dialect};
 use extract::BodyLimits;
 
 /// What the handlers and layers share.
@@ -73,14 +77,11 @@ impl Deref for AppState {
 
 pub fn router(state: AppState) -> Router {
     let signer = state.signer.clone();
-    let moderate = post(moderate::moderate)
-        .layer(CatchPanicLayer::custom(panic_response))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::authenticate,
-        ));
+    let moderate = metered(&state, Endpoint::Moderate, moderate::moderate);
+    let moderations = metered(&state, Endpoint::Moderations, openai::moderations);
     Router::new()
         .route("/v1/moderate", moderate)
+        .route("/v1/moderations", moderations)
         .route("/v1/signing-keys", get(meta::signing_keys))
         .route("/v1/openapi.json", get(meta::openapi))
         .route("/health", get(meta::health))
@@ -95,7 +96,58 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(request_id::assign))
         .layer(middleware::from_fn(close_unless_body_read))
         .layer(middleware::from_fn_with_state(signer, signing::sign))
+        .layer(middleware::from_fn(count_requests))
         .with_state(state)
+}
+
+/// Requests by route and status, and their latency, for the metrics. The
+/// route is the matched pattern (never the raw path, whose values are the
+/// client's to choose), or `unmatched`.
+async fn count_requests(request: Request, next: Next) -> Response {
+    use crate::metrics::names;
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_str().to_owned();
+    metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!(names::HTTP_DURATION, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// A moderation route: its endpoint and dialect, then authentication, rate
+/// limits and metering, then the handler behind its own panic catcher.
+fn metered<H, T>(state: &AppState, endpoint: Endpoint, handler: H) -> MethodRouter<AppState>
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    post(handler)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .layer(middleware::from_fn_with_state(endpoint, enter_endpoint))
+}
+
+/// Marks the request with its endpoint (for metering) and answers it in the
+/// endpoint's error dialect, whichever layer inside refuses it.
+async fn enter_endpoint(
+    axum::extract::State(endpoint): axum::extract::State<Endpoint>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    request.extensions_mut().insert(endpoint);
+    let dialect = match endpoint {
+        Endpoint::Moderate => Dialect::Moderato,
+        Endpoint::Moderations => Dialect::OpenAi,
+    };
+    dialect.scope(next.run(request)).await
 }
 
 fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {

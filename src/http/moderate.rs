@@ -1,8 +1,8 @@
 //! `POST /v1/moderate`.
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::response::Response;
+use axum::Extension;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
@@ -12,15 +12,12 @@ use utoipa::{PartialSchema, ToSchema};
 use super::auth::AuthenticatedKey;
 use super::error::{ApiError, ErrorCode};
 use super::extract::JsonBody;
+use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation, Verdict};
-use crate::moderation::image::ImageError;
+use crate::moderation::engine::{Item, ItemOutcome, Moderation, Verdict};
 use crate::moderation::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
-use crate::ratelimit::Decision;
-use crate::store::ApiKeyRecord;
-use crate::usage::UsageStats;
 
 /// What `POST /v1/moderate` can answer besides 200: every check of the
 /// body, the key and the limits, and the engine's refusals.
@@ -203,7 +200,7 @@ struct ItemResult {
     /// The item's position in `input`.
     index: usize,
     #[serde(rename = "type")]
-    kind: ItemKind,
+    kind: ResultKind,
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
@@ -218,9 +215,10 @@ struct ItemResult {
     image_analysis: Option<ImageAnalysisBody>,
 }
 
+/// The `type` of a result: its item's.
 #[derive(Clone, Copy, Debug, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum ItemKind {
+enum ResultKind {
     Text,
     Image,
 }
@@ -394,161 +392,35 @@ pub async fn moderate(
     Extension(key): Extension<AuthenticatedKey>,
     JsonBody(request): JsonBody<ModerateRequest>,
 ) -> Result<Response, ApiError> {
-    let (items, mut stats) = validate(request.input, &state.limits, &state.budget)?;
-    let characters = match charge_characters(&state, &key.0, stats.text_chars).await? {
-        Ok(decision) => decision,
-        Err(refused) => {
-            stats.rate_limited = true;
-            let mut response = refused.into_response();
-            response.extensions_mut().insert(stats);
-            return Ok(response);
-        }
-    };
-    let moderation = state
-        .engine
-        .moderate(items, request.analyze_images)
-        .await
-        .map_err(engine_error)?;
-    stats.flagged = moderation.flagged;
-    stats.deep_analyses = moderation.deep_analyses;
-    stats.image_bytes = moderation
-        .items
-        .iter()
-        .map(|o| match o {
-            ItemOutcome::Image { bytes, .. } => *bytes as u64,
-            ItemOutcome::Text(_) => 0,
-        })
-        .sum();
-    let body = response_body(request_id.0, state.engine.model_id(), moderation);
-    let mut response = Json(body).into_response();
-    if let Some(decision) = characters {
-        add_character_headers(&mut response, &decision);
-    }
-    response.extensions_mut().insert(stats);
-    Ok(response)
+    let items = request
+        .input
+        .into_iter()
+        .map(InputItem::into_item)
+        .collect();
+    let scored =
+        match pipeline::moderate(&state, &key.0, items, request.analyze_images, &field_name).await?
+        {
+            Ok(scored) => scored,
+            Err(refused) => return Ok(refused),
+        };
+    let model = state.engine.model_id();
+    Ok(scored.respond(|moderation| response_body(request_id.0, model, moderation)))
 }
 
-/// Counts the request's text characters against its key's allowance per
-/// minute (beside the requests per minute the auth layer counts). `Err` is
-/// a request that can never fit (413); `Ok(Err)` a 429 to answer now;
-/// `Ok(Ok(None))` a request without text.
-async fn charge_characters(
-    state: &AppState,
-    key: &ApiKeyRecord,
-    chars: u64,
-) -> Result<Result<Option<Decision>, ApiError>, ApiError> {
-    if chars == 0 {
-        return Ok(Ok(None));
-    }
-    let per_minute = state.budget.chars_per_minute.of(key.tier);
-    if chars > u64::from(per_minute) {
-        return Err(ApiError::PayloadTooLarge(format!(
-            "input: {chars} characters of text is more than this key's allowance of {per_minute} characters per minute ({} plan); send less text per request",
-            key.tier
-        )));
-    }
-    let bucket = format!("chars:{}", key.id);
-    let (decision, _) = state
-        .limiter
-        .check_n(&bucket, per_minute, chars as u32)
-        .await;
-    Ok(if decision.allowed {
-        Ok(Some(decision))
-    } else {
-        Err(ApiError::RateLimited {
-            retry_after: decision.retry_after,
-        })
-    })
-}
-
-/// The character allowance, beside the `X-RateLimit-*` request headers.
-fn add_character_headers(response: &mut Response, decision: &Decision) {
-    let headers = response.headers_mut();
-    for (name, value) in [
-        ("x-ratelimit-limit-characters", decision.limit),
-        ("x-ratelimit-remaining-characters", decision.remaining),
-    ] {
-        headers.insert(name, axum::http::HeaderValue::from(value));
+/// `input[3].text` or `input[3].base64`.
+fn field_name(index: usize, kind: ItemKind) -> String {
+    match kind {
+        ItemKind::Text => format!("input[{index}].text"),
+        ItemKind::Image => format!("input[{index}].base64"),
     }
 }
 
-fn validate(
-    input: Vec<InputItem>,
-    limits: &crate::config::Limits,
-    budget: &crate::config::BudgetConfig,
-) -> Result<(Vec<Item>, UsageStats), ApiError> {
-    if input.is_empty() {
-        return Err(ApiError::InvalidRequest(
-            "input: must contain at least one item".into(),
-        ));
-    }
-    if input.len() > limits.max_items {
-        return Err(ApiError::PayloadTooLarge(format!(
-            "input: {} items is more than the limit of {}",
-            input.len(),
-            limits.max_items
-        )));
-    }
-    let mut stats = UsageStats::default();
-    let mut items = Vec::with_capacity(input.len());
-    for (index, item) in input.into_iter().enumerate() {
-        match item {
-            InputItem::Text { text } => {
-                let chars = text.chars().count();
-                if chars > limits.max_text_chars {
-                    return Err(ApiError::PayloadTooLarge(format!(
-                        "input[{index}].text: {chars} characters is more than the limit of {}",
-                        limits.max_text_chars
-                    )));
-                }
-                stats.text_items += 1;
-                stats.text_chars += chars as u64;
-                if stats.text_chars > budget.max_request_chars as u64 {
-                    return Err(ApiError::PayloadTooLarge(format!(
-                        "input[{index}].text: the text items reach {} characters in all here, more than the limit of {} per request; split the text over several requests",
-                        stats.text_chars, budget.max_request_chars
-                    )));
-                }
-                items.push(Item::Text(text));
-            }
-            InputItem::Image { base64 } => {
-                stats.image_items += 1;
-                if stats.image_items as usize > limits.max_images {
-                    return Err(ApiError::PayloadTooLarge(format!(
-                        "input[{index}]: more than the limit of {} image items",
-                        limits.max_images
-                    )));
-                }
-                items.push(Item::Image(base64));
-            }
+impl InputItem {
+    fn into_item(self) -> Item {
+        match self {
+            InputItem::Text { text } => Item::Text(text),
+            InputItem::Image { base64 } => Item::Image(base64),
         }
-    }
-    Ok((items, stats))
-}
-
-fn engine_error(error: EngineError) -> ApiError {
-    match error {
-        EngineError::Image { index, error: ImageError::TooLarge(m) } => {
-            ApiError::PayloadTooLarge(format!("input[{index}].base64: {m}"))
-        }
-        EngineError::Image { index, error: ImageError::Invalid(m) } => {
-            ApiError::InvalidImage(format!("input[{index}].base64: {m}"))
-        }
-        EngineError::TooManyPixels { pixels, limit } => ApiError::PayloadTooLarge(format!(
-            "input: the images have {pixels} pixels in all; the limit is {limit} pixels per request"
-        )),
-        EngineError::DeadlineExceeded(deadline) => ApiError::Overloaded(format!(
-            "the request was not finished within its deadline of {} ms and was cancelled; send fewer or shorter items, or retry later",
-            deadline.as_millis()
-        )),
-        EngineError::Busy(wait) => ApiError::Overloaded(format!(
-            "no memory to decode the images became free within {} ms; retry shortly or send smaller images",
-            wait.as_millis()
-        )),
-        EngineError::ImagesDisabled { index } => ApiError::InvalidRequest(format!(
-            "input[{index}]: image items are not accepted because this server has no image classifier configured"
-        )),
-        EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
     }
 }
 
@@ -558,7 +430,9 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
         .into_iter()
         .enumerate()
         .map(|(index, outcome)| match outcome {
-            ItemOutcome::Text(verdict) => item_result(index, ItemKind::Text, &verdict, None, None),
+            ItemOutcome::Text(verdict) => {
+                item_result(index, ResultKind::Text, &verdict, None, None)
+            }
             ItemOutcome::Image {
                 verdict,
                 evaluated,
@@ -567,7 +441,13 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
             } => {
                 let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
                 let analysis = Some(analysis.into());
-                item_result(index, ItemKind::Image, &verdict, Some(evaluated), analysis)
+                item_result(
+                    index,
+                    ResultKind::Image,
+                    &verdict,
+                    Some(evaluated),
+                    analysis,
+                )
             }
         })
         .collect();
@@ -590,7 +470,7 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
 
 fn item_result(
     index: usize,
-    kind: ItemKind,
+    kind: ResultKind,
     verdict: &Verdict,
     evaluated: Option<Vec<&'static str>>,
     analysis: Option<ImageAnalysisBody>,

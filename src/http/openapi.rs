@@ -17,7 +17,7 @@ use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema};
 
 use super::error::ErrorCode;
-use super::{meta, moderate};
+use super::{meta, moderate, openai};
 
 /// The security scheme names used in `security(...)` annotations.
 pub const API_KEY_SCHEME: &str = "ApiKey";
@@ -28,7 +28,8 @@ pub const BEARER_SCHEME: &str = "Bearer";
 /// signed); 404 and 405 belong to paths and methods that are not operations.
 pub fn route_errors(method: &str, path: &str) -> &'static [ErrorCode] {
     match (method, path) {
-        ("post", "/v1/moderate") => moderate::ERRORS,
+        // Both routes share the pipeline, hence its errors.
+        ("post", "/v1/moderate" | "/v1/moderations") => moderate::ERRORS,
         ("get", "/ready") => meta::READY_ERRORS,
         _ => meta::PUBLIC_ERRORS,
     }
@@ -44,12 +45,13 @@ pub fn route_errors(method: &str, path: &str) -> &'static [ErrorCode] {
     servers((url = "http://127.0.0.1:8080")),
     paths(
         moderate::moderate,
+        openai::moderations,
         meta::signing_keys,
         meta::openapi,
         meta::health,
         meta::ready,
     ),
-    components(schemas(super::error::ErrorBody)),
+    components(schemas(super::error::ErrorBody, super::error::OpenAiErrorBody)),
     modifiers(&SecuritySchemes, &ErrorResponses, &ResponseHeaders),
     tags(
         (name = "moderation", description = "Moderating text and images"),
@@ -124,7 +126,7 @@ impl Modify for ErrorResponses {
                     ))
                     .content(
                         "application/json",
-                        Content::new(Some(Ref::from_schema_name("ErrorBody"))),
+                        Content::new(Some(Ref::from_schema_name(error_schema(path)))),
                     );
                 if codes.iter().any(|c| c.has_retry_after()) {
                     response = response.header(
@@ -165,6 +167,14 @@ impl Modify for ResponseHeaders {
                 }
             }
         });
+    }
+}
+
+/// The error body's schema on `path`: OpenAI's shape on its route.
+pub fn error_schema(path: &str) -> &'static str {
+    match path {
+        "/v1/moderations" => "OpenAiErrorBody",
+        _ => "ErrorBody",
     }
 }
 

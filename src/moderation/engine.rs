@@ -395,9 +395,12 @@ impl Engine {
             let scores = self
                 .on_cpu(lane, deadline, move || {
                     let _reservation = reservation;
+                    let started = std::time::Instant::now();
                     let decoded = image::decode(format, encoded, &limits)
                         .map_err(|error| EngineError::Image { index, error })?;
-                    classifier.score(&decoded).map_err(EngineError::Classifier)
+                    let scores = classifier.score(&decoded).map_err(EngineError::Classifier);
+                    record_model_time("image", started);
+                    scores
                 })
                 .await??;
             scored.push(ScoredImage {
@@ -433,7 +436,10 @@ impl Engine {
         let scored = self
             .on_cpu(lane, deadline, move || {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
-                classifier.score_items(&refs, &job_deadline)
+                let started = std::time::Instant::now();
+                let scored = classifier.score_items(&refs, &job_deadline);
+                record_model_time("text", started);
+                scored
             })
             .await?;
         let (scores, combined) = match scored {
@@ -470,6 +476,12 @@ impl Engine {
             .map(|_| ImageAnalysis::with_status(status))
             .collect()
     }
+}
+
+/// The time one job spent in a classifier (decoding included for images).
+fn record_model_time(classifier: &'static str, started: std::time::Instant) {
+    metrics::histogram!(crate::metrics::names::MODEL_DURATION, "classifier" => classifier)
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// The deep analysis can raise a score, never lower it: per category the

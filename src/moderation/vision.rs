@@ -358,6 +358,11 @@ impl VisionClient {
     }
 
     fn to_analysis(&self, outcome: Outcome) -> ImageAnalysis {
+        let label = match &outcome {
+            Ok(_) => "completed",
+            Err(failure) => failure.code(),
+        };
+        metrics::counter!(crate::metrics::names::VISION_CALLS, "outcome" => label).increment(1);
         let model = Some(self.inner.model.clone());
         match outcome {
             Ok(verdict) => ImageAnalysis {

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{KeyId, StoreError, UsageEvent};
+use std::str::FromStr;
+
+use super::{Endpoint, KeyId, StoreError, UsageEvent};
 
 /// How long a caller waits for a pooled connection (or for the database to
 /// answer when connecting) before getting `StoreError::Unavailable`.
@@ -13,6 +15,17 @@ pub(super) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Maps a driver error onto the contract's three kinds.
 pub(super) fn map_sqlx(err: sqlx::Error) -> StoreError {
+    let mapped = classify_sqlx(err);
+    let kind = match &mapped {
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Conflict(_) => "conflict",
+        StoreError::Other(_) => "other",
+    };
+    metrics::counter!(crate::metrics::names::DATABASE_ERRORS, "kind" => kind).increment(1);
+    mapped
+}
+
+fn classify_sqlx(err: sqlx::Error) -> StoreError {
     use sqlx::Error as E;
     match err {
         // A protocol error is a connection cut or garbled on the way (a
@@ -120,6 +133,7 @@ pub(super) struct UsageRow<'a> {
     pub rate_limited: bool,
     pub billable: bool,
     pub latency_ms: i64,
+    pub endpoint: &'a str,
 }
 
 impl<'a> UsageRow<'a> {
@@ -138,6 +152,7 @@ impl<'a> UsageRow<'a> {
             rate_limited: e.rate_limited,
             billable: e.billable,
             latency_ms: i64::from(e.latency_ms),
+            endpoint: e.endpoint.as_str(),
         })
     }
 
@@ -157,6 +172,7 @@ impl<'a> UsageRow<'a> {
             rate_limited: self.rate_limited,
             billable: self.billable,
             latency_ms: from_stored(self.latency_ms, "latency_ms")?,
+            endpoint: Endpoint::from_str(self.endpoint).map_err(StoreError::Other)?,
         })
     }
 }

@@ -129,6 +129,43 @@ pub struct UsageEvent {
     /// Counts for billing: a successful (200) moderation.
     pub billable: bool,
     pub latency_ms: u32,
+    /// The route that served it. Journal lines written before the column
+    /// existed have none: they all came from `/v1/moderate`.
+    #[serde(default)]
+    pub endpoint: Endpoint,
+}
+
+/// The metered route a usage event came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `POST /v1/moderate`, Moderato's own API.
+    #[default]
+    Moderate,
+    /// `POST /v1/moderations`, the OpenAI-compatible one.
+    Moderations,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 2] = [Endpoint::Moderate, Endpoint::Moderations];
+
+    /// The value stored in `usage_events.endpoint`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Moderate => "moderate",
+            Endpoint::Moderations => "moderations",
+        }
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Endpoint, String> {
+        Endpoint::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| format!("unknown endpoint {s:?}: expected moderate or moderations"))
+    }
 }
 
 /// Granularity of a billing summary.

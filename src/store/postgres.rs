@@ -20,7 +20,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 const KEY_COLUMNS: &str = "id, name, tier, custom_rpm, secret_hash, created_at, revoked_at";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
-     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms";
+     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
 
 /// Storage in PostgreSQL.
 #[derive(Clone, Debug)]
@@ -158,7 +158,7 @@ impl Store for PostgresStore {
             "INSERT INTO usage_events ({USAGE_COLUMNS}) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::int[], \
                  $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], \
-                 $10::bool[], $11::bool[], $12::bool[], $13::bigint[]) \
+                 $10::bool[], $11::bool[], $12::bool[], $13::bigint[], $14::text[]) \
              ON CONFLICT (request_id) DO NOTHING"
         );
         sqlx::query(&sql)
@@ -175,6 +175,7 @@ impl Store for PostgresStore {
             .bind(columns.rate_limited)
             .bind(columns.billable)
             .bind(columns.latency_ms)
+            .bind(columns.endpoint)
             .execute(&self.pool)
             .await
             .map_err(map_sqlx)?;
@@ -254,6 +255,7 @@ struct UsageColumns {
     rate_limited: Vec<bool>,
     billable: Vec<bool>,
     latency_ms: Vec<i64>,
+    endpoint: Vec<&'static str>,
 }
 
 impl UsageColumns {
@@ -274,6 +276,7 @@ impl UsageColumns {
             c.rate_limited.push(r.rate_limited);
             c.billable.push(r.billable);
             c.latency_ms.push(r.latency_ms);
+            c.endpoint.push(event.endpoint.as_str());
         }
         Ok(c)
     }
@@ -313,6 +316,7 @@ fn usage_from_row(row: &PgRow) -> Result<UsageEvent, StoreError> {
         rate_limited: get_bool("rate_limited")?,
         billable: get_bool("billable")?,
         latency_ms: get_i64("latency_ms")?,
+        endpoint: row.try_get("endpoint").map_err(map_sqlx)?,
     }
     .into_event()
 }

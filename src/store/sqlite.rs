@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// SQLite's bind-parameter limit (SQLITE_MAX_VARIABLE_NUMBER of the bundled
 /// library, 3.32 and later).
 const MAX_BINDS: usize = 32_766;
-const USAGE_COLUMN_COUNT: usize = 13;
+const USAGE_COLUMN_COUNT: usize = 14;
 const ROWS_PER_INSERT: usize = MAX_BINDS / USAGE_COLUMN_COUNT;
 
 /// How long opening and migrating a database keeps retrying while another
@@ -45,7 +45,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 const KEY_COLUMNS: &str = "id, name, tier, custom_rpm, secret_hash, created_at, revoked_at";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
-     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms";
+     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
 
 /// Storage in a SQLite file.
 #[derive(Clone, Debug)]
@@ -352,7 +352,8 @@ fn insert_usage_chunk<'a>(rows: &'a [UsageRow<'a>]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.flagged)
             .push_bind(r.rate_limited)
             .push_bind(r.billable)
-            .push_bind(r.latency_ms);
+            .push_bind(r.latency_ms)
+            .push_bind(r.endpoint);
     });
     query.push(" ON CONFLICT (request_id) DO NOTHING");
     query
@@ -395,6 +396,7 @@ fn usage_from_row(row: &SqliteRow) -> Result<UsageEvent, StoreError> {
         rate_limited: get_bool("rate_limited")?,
         billable: get_bool("billable")?,
         latency_ms: get_i64("latency_ms")?,
+        endpoint: row.try_get("endpoint").map_err(map_sqlx)?,
     }
     .into_event()
 }

@@ -400,6 +400,7 @@ mod tests {
             rate_limited: false,
             billable: true,
             latency_ms: 3,
+            endpoint: crate::store::Endpoint::Moderate,
         }
     }
 

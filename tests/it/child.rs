@@ -68,6 +68,8 @@ pub fn env_for(config: &Config, dir: &Path) -> Vec<(String, String)> {
         ),
         ("MODERATO_LOG_FORMAT".into(), "json".into()),
         ("MODERATO_LOG".into(), "info".into()),
+        // Children run side by side: none takes the default metrics port.
+        ("MODERATO_METRICS_ADDR".into(), String::new()),
     ]
 }
 

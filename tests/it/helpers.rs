@@ -87,6 +87,8 @@ pub fn test_config(db: &TestDb, dir: &tempfile::TempDir) -> Config {
     config.usage.journal_dir = dir.path().join("usage-journal");
     config.models_dir = models_dir();
     config.shutdown_grace_ms = 10_000;
+    // `run` serves no metrics; tests that want them bind their own listener.
+    config.metrics_addr = String::new();
     config
 }
 
@@ -123,13 +125,47 @@ fn init_logs() {
 }
 
 pub async fn spawn_with_config(db: TestDb, dir: Arc<tempfile::TempDir>, config: Config) -> TestApp {
+    spawn_serving(db, dir, config, None).await
+}
+
+/// The app with `GET /metrics` on a listener of its own; returns the
+/// metrics base URL too.
+pub async fn spawn_app_with_metrics(
+    backend: Backend,
+    tweak: impl FnOnce(&mut Config),
+) -> (TestApp, String) {
+    let db = TestDb::new(backend).await;
+    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+    let mut config = test_config(&db, &dir);
+    tweak(&mut config);
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind metrics");
+    let metrics_base = format!("http://{}", metrics.local_addr().expect("addr"));
+    (
+        spawn_serving(db, dir, config, Some(metrics)).await,
+        metrics_base,
+    )
+}
+
+async fn spawn_serving(
+    db: TestDb,
+    dir: Arc<tempfile::TempDir>,
+    config: Config,
+    metrics: Option<tokio::net::TcpListener>,
+) -> TestApp {
     init_logs();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(moderato::run(config.clone(), listener, shutdown.clone()));
+    let server = tokio::spawn(moderato::run_with_metrics(
+        config.clone(),
+        listener,
+        metrics,
+        shutdown.clone(),
+    ));
     let store = moderato::store::connect(&db.url).await.expect("store");
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))

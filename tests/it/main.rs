@@ -11,6 +11,8 @@ mod images;
 mod journal;
 mod keys;
 mod limits;
+mod metrics;
+mod moderations;
 mod nsfwjs_reference;
 mod openapi;
 mod signatures;

@@ -60,7 +60,10 @@ fn every_declared_error_is_documented_with_its_status() {
                 );
                 assert_eq!(
                     response["content"]["application/json"]["schema"]["$ref"],
-                    "#/components/schemas/ErrorBody"
+                    format!(
+                        "#/components/schemas/{}",
+                        moderato::http::openapi::error_schema(path)
+                    )
                 );
             }
         }
@@ -182,6 +185,15 @@ async fn moderate(app: &TestApp, key: Option<&str>, body: &Value) -> Seen {
     Seen::of("post", "/v1/moderate", response).await
 }
 
+async fn moderations(app: &TestApp, key: Option<&str>, body: &Value) -> Seen {
+    let mut request = app.client.post(format!("{}/v1/moderations", app.base));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.json(body).send().await.expect("request");
+    Seen::of("post", "/v1/moderations", response).await
+}
+
 async fn moderate_raw(app: &TestApp, key: &str, content_type: &str, body: &'static str) -> Seen {
     let response = app
         .client
@@ -284,6 +296,24 @@ async fn every_answer_conforms_to_the_document(backend: Backend) {
         moderate_raw(&app, &key, "text/plain", "{}").await,
         moderate_raw(&app, &key, "application/json", "{nope").await,
         stalled_body(&app, &key).await,
+        moderations(
+            &app,
+            Some(&key),
+            &json!({"input": "hello", "model": "omni-moderation-latest"}),
+        )
+        .await,
+        moderations(&app, Some(&key), &json!({"input": ["a", "b"]})).await,
+        moderations(
+            &app,
+            Some(&key),
+            &json!({"input": [
+                {"type": "text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": image}},
+            ]}),
+        )
+        .await,
+        moderations(&app, None, &json!({"input": "x"})).await,
+        moderations(&app, Some(&key), &json!({"input": []})).await,
         moderate(
             &app,
             Some(&slow_key),

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use moderato::store::{
-    self, ApiKeyRecord, BillingRow, KeyId, Period, PostgresStore, SqliteStore, Store, StoreError,
-    Tier, UsageEvent,
+    self, ApiKeyRecord, BillingRow, Endpoint, KeyId, Period, PostgresStore, SqliteStore, Store,
+    StoreError, Tier, UsageEvent,
 };
 use sqlx::Connection;
 
@@ -218,6 +218,7 @@ fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
         rate_limited: false,
         billable: true,
         latency_ms: 12,
+        endpoint: Endpoint::Moderate,
     }
 }
 
@@ -461,6 +462,7 @@ async fn usage_events_filter_by_key(ctx: Ctx) {
             deep_analyses: 1,
             flagged: true,
             latency_ms: 4_000_000_000,
+            endpoint: Endpoint::Moderations,
             ..event("a-2", &a, precise)
         },
         event("a-1", &a, at(2026, 1, 15, 0, 0, 0)),

@@ -130,6 +130,7 @@ async fn sigterm_in_the_middle_of_a_load_loses_nothing(backend: Backend) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_moderato"))
         .arg("serve")
         .env("MODERATO_ADDR", "127.0.0.1:0")
+        .env("MODERATO_METRICS_ADDR", "")
         .env("MODERATO_DATABASE_URL", &db.url)
         .env("MODERATO_AUTH__PEPPER_FILE", &config.auth.pepper_file)
         .env("MODERATO_SIGNING__KEY_FILE", &config.signing.key_file)

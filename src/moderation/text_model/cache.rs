@@ -36,9 +36,11 @@ impl EmbeddingCache {
             windows.iter().map(|w| entries.get(*w).cloned()).collect()
         };
         let hits = found.iter().filter(|f| f.is_some()).count() as u64;
+        let misses = windows.len() as u64 - hits;
         self.hits.fetch_add(hits, Ordering::Relaxed);
-        self.misses
-            .fetch_add(windows.len() as u64 - hits, Ordering::Relaxed);
+        self.misses.fetch_add(misses, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::names::CACHE_HITS).increment(hits);
+        metrics::counter!(crate::metrics::names::CACHE_MISSES).increment(misses);
         found
     }
 

@@ -23,6 +23,17 @@ enum State {
     HalfOpen,
 }
 
+/// The state as the `moderato_vision_circuit_state` gauge: 0 closed, 1
+/// open, 2 half-open.
+fn publish(state: State) {
+    let value = match state {
+        State::Closed { .. } => 0.0,
+        State::Open { .. } => 1.0,
+        State::HalfOpen => 2.0,
+    };
+    metrics::gauge!(crate::metrics::names::VISION_CIRCUIT).set(value);
+}
+
 impl Breaker {
     pub(super) fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
@@ -51,6 +62,7 @@ impl Breaker {
             }),
             State::Open { since } if since.elapsed() >= self.cooldown => {
                 *state = State::HalfOpen;
+                publish(*state);
                 Some(Ticket {
                     breaker: self,
                     trial: true,
@@ -92,6 +104,7 @@ impl Breaker {
             // A call begun before the circuit opened: it changes nothing.
             (other, false) => other,
         };
+        publish(*state);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

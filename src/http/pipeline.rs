@@ -1,0 +1,251 @@
+//! What every moderation route does between its request's shape and its
+//! response's shape: the limits on items and characters, the key's
+//! character allowance, the engine, and the usage counts. `/v1/moderate`
+//! and `/v1/moderations` each parse their own input into [`Item`]s and
+//! write their own body; everything between is here, once.
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::config::{BudgetConfig, Limits};
+use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
+use crate::moderation::image::ImageError;
+use crate::moderation::Category;
+use crate::ratelimit::Decision;
+use crate::store::ApiKeyRecord;
+use crate::usage::UsageStats;
+
+/// How a route names the field an item came from, for error messages:
+/// `input[3].text` on `/v1/moderate`, `input[3]` or
+/// `input[3].image_url.url` on `/v1/moderations`.
+pub type FieldName<'a> = &'a (dyn Fn(usize, ItemKind) -> String + Sync);
+
+/// What an item is, without its content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemKind {
+    Text,
+    Image,
+}
+
+impl ItemKind {
+    pub fn of(item: &Item) -> ItemKind {
+        match item {
+            Item::Text(_) => ItemKind::Text,
+            Item::Image(_) => ItemKind::Image,
+        }
+    }
+}
+
+/// A request's items, moderated.
+pub struct Scored {
+    moderation: Moderation,
+    stats: UsageStats,
+    characters: Option<Decision>,
+}
+
+impl Scored {
+    /// The route's body, written by `body` from the moderation, as the
+    /// response, with the character allowance's headers and the counts the
+    /// metering layer records.
+    pub fn respond<B: Serialize>(self, body: impl FnOnce(Moderation) -> B) -> Response {
+        let mut response = Json(body(self.moderation)).into_response();
+        if let Some(decision) = self.characters {
+            add_character_headers(&mut response, &decision);
+        }
+        response.extensions_mut().insert(self.stats);
+        response
+    }
+}
+
+/// Checks `items` against the limits and the key's character allowance,
+/// then moderates them. `Ok(Err(response))` is a refusal (429) that is
+/// already a response, carrying its usage counts.
+pub async fn moderate(
+    state: &AppState,
+    key: &ApiKeyRecord,
+    items: Vec<Item>,
+    analyze_images: bool,
+    field: FieldName<'_>,
+) -> Result<Result<Scored, Response>, ApiError> {
+    let mut stats = validate(&items, field, &state.limits, &state.budget)?;
+    let characters = match charge_characters(state, key, stats.text_chars).await? {
+        Ok(decision) => decision,
+        Err(refused) => {
+            stats.rate_limited = true;
+            let mut response = refused.into_response();
+            response.extensions_mut().insert(stats);
+            return Ok(Err(response));
+        }
+    };
+    let kinds: Vec<ItemKind> = items.iter().map(ItemKind::of).collect();
+    let moderation = state
+        .engine
+        .moderate(items, analyze_images)
+        .await
+        .map_err(|error| engine_error(error, &kinds, field))?;
+    count_scored(&stats, &moderation);
+    stats.flagged = moderation.flagged;
+    stats.deep_analyses = moderation.deep_analyses;
+    stats.image_bytes = moderation
+        .items
+        .iter()
+        .map(|o| match o {
+            ItemOutcome::Image { bytes, .. } => *bytes as u64,
+            ItemOutcome::Text(_) => 0,
+        })
+        .sum();
+    Ok(Ok(Scored {
+        moderation,
+        stats,
+        characters,
+    }))
+}
+
+/// What was scored and what was flagged, for the metrics.
+fn count_scored(stats: &UsageStats, moderation: &Moderation) {
+    use crate::metrics::names;
+    metrics::counter!(names::ITEMS_SCORED, "kind" => "text").increment(u64::from(stats.text_items));
+    metrics::counter!(names::ITEMS_SCORED, "kind" => "image")
+        .increment(u64::from(stats.image_items));
+    metrics::counter!(names::CHARACTERS_SCORED).increment(stats.text_chars);
+    for outcome in &moderation.items {
+        let verdict = outcome.verdict();
+        for category in Category::ALL {
+            if verdict.categories[category.index()] {
+                metrics::counter!(names::FLAGGED, "category" => category.as_str()).increment(1);
+            }
+        }
+    }
+}
+
+/// Counts the request's text characters against its key's allowance per
+/// minute (beside the requests per minute the auth layer counts). `Err` is
+/// a request that can never fit (413); `Ok(Err)` a 429 to answer now;
+/// `Ok(Ok(None))` a request without text.
+async fn charge_characters(
+    state: &AppState,
+    key: &ApiKeyRecord,
+    chars: u64,
+) -> Result<Result<Option<Decision>, ApiError>, ApiError> {
+    if chars == 0 {
+        return Ok(Ok(None));
+    }
+    let per_minute = state.budget.chars_per_minute.of(key.tier);
+    if chars > u64::from(per_minute) {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "input: {chars} characters of text is more than this key's allowance of {per_minute} characters per minute ({} plan); send less text per request",
+            key.tier
+        )));
+    }
+    let bucket = format!("chars:{}", key.id);
+    let (decision, _) = state
+        .limiter
+        .check_n(&bucket, per_minute, chars as u32)
+        .await;
+    Ok(if decision.allowed {
+        Ok(Some(decision))
+    } else {
+        Err(ApiError::RateLimited {
+            retry_after: decision.retry_after,
+        })
+    })
+}
+
+/// The character allowance, beside the `X-RateLimit-*` request headers.
+fn add_character_headers(response: &mut Response, decision: &Decision) {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("x-ratelimit-limit-characters", decision.limit),
+        ("x-ratelimit-remaining-characters", decision.remaining),
+    ] {
+        headers.insert(name, axum::http::HeaderValue::from(value));
+    }
+}
+
+/// The limits on items, per-item characters, images and the request's
+/// characters in all; the counts for metering.
+fn validate(
+    items: &[Item],
+    field: FieldName<'_>,
+    limits: &Limits,
+    budget: &BudgetConfig,
+) -> Result<UsageStats, ApiError> {
+    if items.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "input: must contain at least one item".into(),
+        ));
+    }
+    if items.len() > limits.max_items {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "input: {} items is more than the limit of {}",
+            items.len(),
+            limits.max_items
+        )));
+    }
+    let mut stats = UsageStats::default();
+    for (index, item) in items.iter().enumerate() {
+        match item {
+            Item::Text(text) => {
+                let chars = text.chars().count();
+                if chars > limits.max_text_chars {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "{}: {chars} characters is more than the limit of {}",
+                        field(index, ItemKind::Text),
+                        limits.max_text_chars
+                    )));
+                }
+                stats.text_items += 1;
+                stats.text_chars += chars as u64;
+                if stats.text_chars > budget.max_request_chars as u64 {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "{}: the text items reach {} characters in all here, more than the limit of {} per request; split the text over several requests",
+                        field(index, ItemKind::Text), stats.text_chars, budget.max_request_chars
+                    )));
+                }
+            }
+            Item::Image(_) => {
+                stats.image_items += 1;
+                if stats.image_items as usize > limits.max_images {
+                    return Err(ApiError::PayloadTooLarge(format!(
+                        "input[{index}]: more than the limit of {} image items",
+                        limits.max_images
+                    )));
+                }
+            }
+        }
+    }
+    Ok(stats)
+}
+
+fn engine_error(error: EngineError, kinds: &[ItemKind], field: FieldName<'_>) -> ApiError {
+    let name = |index: usize| match kinds.get(index) {
+        Some(kind) => field(index, *kind),
+        None => format!("input[{index}]"),
+    };
+    match error {
+        EngineError::Image { index, error: ImageError::TooLarge(m) } => {
+            ApiError::PayloadTooLarge(format!("{}: {m}", name(index)))
+        }
+        EngineError::Image { index, error: ImageError::Invalid(m) } => {
+            ApiError::InvalidImage(format!("{}: {m}", name(index)))
+        }
+        EngineError::TooManyPixels { pixels, limit } => ApiError::PayloadTooLarge(format!(
+            "input: the images have {pixels} pixels in all; the limit is {limit} pixels per request"
+        )),
+        EngineError::DeadlineExceeded(deadline) => ApiError::Overloaded(format!(
+            "the request was not finished within its deadline of {} ms and was cancelled; send fewer or shorter items, or retry later",
+            deadline.as_millis()
+        )),
+        EngineError::Busy(wait) => ApiError::Overloaded(format!(
+            "no memory to decode the images became free within {} ms; retry shortly or send smaller images",
+            wait.as_millis()
+        )),
+        EngineError::ImagesDisabled { index } => ApiError::InvalidRequest(format!(
+            "input[{index}]: image items are not accepted because this server has no image classifier configured"
+        )),
+        EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
+    }
+}
