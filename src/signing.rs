@@ -152,19 +152,27 @@ pub struct SignatureHeaders {
     pub signature: String,
 }
 
-#[derive(Debug, Serialize)]
+/// A JSON Web Key Set (RFC 7517) of Ed25519 public keys.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Jwks {
     pub keys: Vec<Jwk>,
 }
 
-#[derive(Debug, Serialize)]
+/// One Ed25519 public key (RFC 8037).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Jwk {
+    #[schema(value_type = String, example = "OKP")]
     pub kty: &'static str,
+    #[schema(value_type = String, example = "Ed25519")]
     pub crv: &'static str,
+    #[schema(value_type = String, example = "EdDSA")]
     pub alg: &'static str,
     #[serde(rename = "use")]
+    #[schema(value_type = String, example = "sig")]
     pub key_use: &'static str,
+    /// The `keyid` of `Signature-Input`.
     pub kid: String,
+    /// The public key, base64url without padding (32 bytes).
     pub x: String,
 }
 

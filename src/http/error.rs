@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::{Serialize, Serializer};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::ToSchema;
 
 use crate::store::StoreError;
 
@@ -81,28 +84,119 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
-impl ApiError {
-    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
-        match self {
-            ApiError::MissingApiKey => (StatusCode::UNAUTHORIZED, "missing_api_key"),
-            ApiError::InvalidApiKey => (StatusCode::UNAUTHORIZED, "invalid_api_key"),
-            ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-            ApiError::UnsupportedMediaType(_) => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+/// The error table: every code a client can see, with its status. One
+/// macro writes the enum, the list of all codes (which the OpenAPI document
+/// offers as the `code` enum) and both mappings, so none can be forgotten.
+macro_rules! error_codes {
+    ($($variant:ident => $status:ident, $code:literal;)*) => {
+        /// The machine-readable `error.code` of a response.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($variant,)*
+        }
+
+        impl ErrorCode {
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
             }
-            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
-            ApiError::InvalidImage(_) => (StatusCode::BAD_REQUEST, "invalid_image"),
-            ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded"),
-            ApiError::ServiceUnavailable(_) | ApiError::Overloaded(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
-            }
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
-            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-            ApiError::MethodNotAllowed { .. } => {
-                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+
+            pub const fn status(self) -> StatusCode {
+                match self {
+                    $(ErrorCode::$variant => StatusCode::$status,)*
+                }
             }
         }
+    };
+}
+
+error_codes! {
+    MissingApiKey => UNAUTHORIZED, "missing_api_key";
+    InvalidApiKey => UNAUTHORIZED, "invalid_api_key";
+    InvalidRequest => BAD_REQUEST, "invalid_request";
+    InvalidImage => BAD_REQUEST, "invalid_image";
+    UnsupportedMediaType => UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type";
+    PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload_too_large";
+    RequestTimeout => REQUEST_TIMEOUT, "request_timeout";
+    RateLimited => TOO_MANY_REQUESTS, "rate_limit_exceeded";
+    ServiceUnavailable => SERVICE_UNAVAILABLE, "service_unavailable";
+    Internal => INTERNAL_SERVER_ERROR, "internal_error";
+    NotFound => NOT_FOUND, "not_found";
+    MethodNotAllowed => METHOD_NOT_ALLOWED, "method_not_allowed";
+}
+
+impl ErrorCode {
+    /// Codes whose responses carry `Retry-After`.
+    pub const fn has_retry_after(self) -> bool {
+        matches!(self, ErrorCode::RateLimited | ErrorCode::ServiceUnavailable)
+    }
+}
+
+/// The body of every error response: `{"error":{"code","message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorObject,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorObject {
+    pub code: ErrorCode,
+    /// What to fix, naming the offending field (e.g. `input[3].base64`).
+    pub message: String,
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Written from the table, so that the document lists exactly the codes sent.
+impl utoipa::PartialSchema for ErrorCode {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .description(Some(
+                "Machine-readable; see the response's description for the codes of each status.",
+            ))
+            .build()
+            .into()
+    }
+}
+
+impl ToSchema for ErrorCode {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ErrorCode".into()
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::MissingApiKey => ErrorCode::MissingApiKey,
+            ApiError::InvalidApiKey => ErrorCode::InvalidApiKey,
+            ApiError::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            ApiError::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
+            ApiError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ApiError::RequestTimeout(_) => ErrorCode::RequestTimeout,
+            ApiError::InvalidImage(_) => ErrorCode::InvalidImage,
+            ApiError::RateLimited { .. } => ErrorCode::RateLimited,
+            ApiError::ServiceUnavailable(_) | ApiError::Overloaded(_) => {
+                ErrorCode::ServiceUnavailable
+            }
+            ApiError::Internal(_) => ErrorCode::Internal,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
+        }
+    }
+
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        let code = self.code();
+        (code.status(), code.as_str())
     }
 }
 
@@ -119,16 +213,23 @@ impl From<StoreError> for ApiError {
 
 impl ApiError {
     /// The body in `dialect`.
-    fn body(&self, dialect: Dialect) -> serde_json::Value {
-        let (status, code) = self.status_and_code();
+    fn body(&self, dialect: Dialect) -> ErrorJson {
+        let code = self.code();
         match dialect {
-            Dialect::Moderato => json!({ "error": { "code": code, "message": self.to_string() } }),
-            Dialect::OpenAi => json!({ "error": {
-                "message": self.openai_message(),
-                "type": openai_type(status),
-                "param": self.param(),
-                "code": code,
-            } }),
+            Dialect::Moderato => ErrorJson::Moderato(ErrorBody {
+                error: ErrorObject {
+                    code,
+                    message: self.to_string(),
+                },
+            }),
+            Dialect::OpenAi => ErrorJson::OpenAi(OpenAiErrorBody {
+                error: OpenAiErrorObject {
+                    message: self.openai_message(),
+                    kind: openai_type(code.status()),
+                    param: self.param().map(str::to_owned),
+                    code,
+                },
+            }),
         }
     }
 
@@ -157,17 +258,50 @@ impl ApiError {
 
 /// OpenAI's error `type` for a status: its SDKs branch on the status, people
 /// read the type.
-fn openai_type(status: StatusCode) -> &'static str {
+fn openai_type(status: StatusCode) -> OpenAiErrorType {
     match status.as_u16() {
-        429 => "rate_limit_error",
-        500.. => "server_error",
-        _ => "invalid_request_error",
+        429 => OpenAiErrorType::RateLimitError,
+        500.. => OpenAiErrorType::ServerError,
+        _ => OpenAiErrorType::InvalidRequestError,
     }
+}
+
+/// An error body in one of the dialects, serialised as that body alone.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ErrorJson {
+    Moderato(ErrorBody),
+    OpenAi(OpenAiErrorBody),
+}
+
+/// OpenAI's error body, on `/v1/moderations`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorObject,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorObject {
+    /// What to fix.
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: OpenAiErrorType,
+    /// The request field the error is about (`input[2].image_url.url`), if any.
+    pub param: Option<String>,
+    pub code: ErrorCode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiErrorType {
+    InvalidRequestError,
+    RateLimitError,
+    ServerError,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, _) = self.status_and_code();
+        let status = self.code().status();
         match &self {
             ApiError::Internal(detail) => tracing::error!(detail, "internal error"),
             ApiError::ServiceUnavailable(detail) => tracing::warn!(detail, "service unavailable"),
@@ -213,12 +347,13 @@ mod tests {
     #[tokio::test]
     async fn the_route_dialect_shapes_every_error() {
         let error = || ApiError::InvalidRequest("input[2].image_url.url: not a data URL".into());
-        let moderato = error().body(Dialect::current());
+        let json = |body: ErrorJson| serde_json::to_value(body).unwrap();
+        let moderato = json(error().body(Dialect::current()));
         assert_eq!(moderato["error"]["code"], "invalid_request");
         assert!(moderato["error"].get("type").is_none());
 
         let openai = Dialect::OpenAi
-            .scope(async { error().body(Dialect::current()) })
+            .scope(async { json(error().body(Dialect::current())) })
             .await;
         assert_eq!(openai["error"]["type"], "invalid_request_error");
         assert_eq!(openai["error"]["code"], "invalid_request");
@@ -230,12 +365,12 @@ mod tests {
         let limited = ApiError::RateLimited {
             retry_after: Duration::from_secs(3),
         };
-        let body = limited.body(Dialect::OpenAi);
+        let body = json(limited.body(Dialect::OpenAi));
         assert_eq!(body["error"]["type"], "rate_limit_error");
         assert_eq!(body["error"]["param"], serde_json::Value::Null);
         let prose = ApiError::InvalidRequest("the request body is not valid JSON: x".into());
         assert_eq!(
-            prose.body(Dialect::OpenAi)["error"]["param"],
+            json(prose.body(Dialect::OpenAi))["error"]["param"],
             serde_json::Value::Null
         );
     }

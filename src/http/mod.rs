@@ -13,6 +13,7 @@ pub mod extract;
 pub mod meta;
 pub mod moderate;
 pub mod openai;
+pub mod openapi;
 pub mod pipeline;
 pub mod request_id;
 pub mod serve;

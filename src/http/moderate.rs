@@ -5,21 +5,45 @@ use axum::response::Response;
 use axum::Extension;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 
 use super::auth::AuthenticatedKey;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::extract::JsonBody;
 use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
 use crate::moderation::engine::{Item, ItemOutcome, Moderation, Verdict};
-use crate::moderation::vision::ImageAnalysis;
+use crate::moderation::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
-#[derive(Debug, Deserialize)]
+/// What `POST /v1/moderate` can answer besides 200: every check of the
+/// body, the key and the limits, and the engine's refusals.
+pub const ERRORS: &[ErrorCode] = &[
+    ErrorCode::InvalidRequest,
+    ErrorCode::InvalidImage,
+    ErrorCode::MissingApiKey,
+    ErrorCode::InvalidApiKey,
+    ErrorCode::RequestTimeout,
+    ErrorCode::PayloadTooLarge,
+    ErrorCode::UnsupportedMediaType,
+    ErrorCode::RateLimited,
+    ErrorCode::Internal,
+    ErrorCode::ServiceUnavailable,
+];
+
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModerateRequest {
+    /// The items, each judged on its own; the text items are also judged
+    /// together (`combined_text`). At most `limits.max_items` items (64 by
+    /// default) and `limits.max_images` images (8 by default).
+    #[schema(min_items = 1)]
     input: Vec<InputItem>,
+    /// Ask for the deep analysis of image items by the operator's vision
+    /// provider, if one is configured.
     #[serde(default)]
     analyze_images: bool,
 }
@@ -98,6 +122,51 @@ fn parse_item(mut item: serde_json::Map<String, serde_json::Value>) -> Result<In
     })
 }
 
+/// The schema of what [`parse_item`] accepts: it parses by hand, so the
+/// schema is written beside it.
+impl PartialSchema for InputItem {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(item_schema(
+                "text",
+                "text",
+                "The text, UTF-8; at most `limits.max_text_chars` characters (32000 by default).",
+            ))
+            .item(item_schema(
+                "image",
+                "base64",
+                "A JPEG, PNG, GIF or WebP image: `data:image/<format>;base64,<data>` or the bare base64 data.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for InputItem {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "InputItem".into()
+    }
+}
+
+fn item_schema(kind: &str, field: &str, description: &str) -> Schema {
+    ObjectBuilder::new()
+        .property(
+            "type",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([kind])),
+        )
+        .required("type")
+        .property(
+            field,
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(description)),
+        )
+        .required(field)
+        .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+        .into()
+}
+
 fn json_type(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
@@ -109,36 +178,115 @@ fn json_type(value: &serde_json::Value) -> &'static str {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ModerateResponse {
+    /// `modr_...`, equal to the `X-Request-Id` header.
     id: String,
+    /// The text model's id.
     model: String,
+    /// True when any item or the combined text is flagged.
     flagged: bool,
+    /// One result per input item, in order.
     results: Vec<ItemResult>,
+    /// All text items judged as one text, so that what shows only across
+    /// items is caught; present when the text items were judged together.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     combined_text: Option<CombinedText>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct ItemResult {
+    /// The item's position in `input`.
     index: usize,
     #[serde(rename = "type")]
-    kind: &'static str,
+    kind: ResultKind,
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
+    /// Images only: the categories some model actually judged; the others
+    /// are 0 meaning not evaluated.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, value_type = Option<Vec<String>>)]
     evaluated_categories: Option<Vec<&'static str>>,
+    /// Images only: the deep analysis by the vision provider.
     #[serde(skip_serializing_if = "Option::is_none")]
-    image_analysis: Option<ImageAnalysis>,
+    #[schema(nullable = false)]
+    image_analysis: Option<ImageAnalysisBody>,
 }
 
-#[derive(Debug, Serialize)]
+/// The `type` of a result: its item's.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum ResultKind {
+    Text,
+    Image,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 struct CombinedText {
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
+    /// Number of text items taken together.
     items: usize,
+}
+
+/// The `image_analysis` object: the engine's [`ImageAnalysis`] as sent, so
+/// that the document is derived from the type that is serialised.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ImageAnalysis)]
+struct ImageAnalysisBody {
+    status: AnalysisStatusBody,
+    /// The provider's model, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    model: Option<String>,
+    /// Only the categories the provider evaluated, each in [0, 1].
+    #[schema(value_type = std::collections::BTreeMap<String, f32>)]
+    category_scores: std::collections::BTreeMap<String, f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    rationale: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    error: Option<AnalysisErrorBody>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = AnalysisStatus)]
+enum AnalysisStatusBody {
+    Completed,
+    Failed,
+    NotRequested,
+    Unavailable,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AnalysisError)]
+struct AnalysisErrorBody {
+    code: String,
+    message: String,
+}
+
+impl From<ImageAnalysis> for ImageAnalysisBody {
+    fn from(analysis: ImageAnalysis) -> ImageAnalysisBody {
+        ImageAnalysisBody {
+            status: match analysis.status {
+                AnalysisStatus::Completed => AnalysisStatusBody::Completed,
+                AnalysisStatus::Failed => AnalysisStatusBody::Failed,
+                AnalysisStatus::NotRequested => AnalysisStatusBody::NotRequested,
+                AnalysisStatus::Unavailable => AnalysisStatusBody::Unavailable,
+            },
+            model: analysis.model,
+            category_scores: analysis.category_scores,
+            rationale: analysis.rationale,
+            error: analysis
+                .error
+                .map(|AnalysisError { code, message }| AnalysisErrorBody { code, message }),
+        }
+    }
 }
 
 /// Every category, in the API's order, with its decision.
@@ -148,6 +296,54 @@ struct CategoryFlags([bool; NUM_CATEGORIES]);
 /// Every category, in the API's order, with its score.
 #[derive(Debug)]
 struct ScoreMap(CategoryScores);
+
+/// An object with every category as a required property of `value`'s schema.
+fn category_object(value: impl Fn() -> Schema, description: &str) -> RefOr<Schema> {
+    let mut object = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(description))
+        .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)));
+    for c in Category::ALL {
+        object = object.property(c.as_str(), value()).required(c.as_str());
+    }
+    object.into()
+}
+
+impl PartialSchema for CategoryFlags {
+    fn schema() -> RefOr<Schema> {
+        category_object(
+            || ObjectBuilder::new().schema_type(Type::Boolean).into(),
+            "Every category with its decision.",
+        )
+    }
+}
+
+impl ToSchema for CategoryFlags {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "CategoryFlags".into()
+    }
+}
+
+impl PartialSchema for ScoreMap {
+    fn schema() -> RefOr<Schema> {
+        category_object(
+            || {
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .minimum(Some(0))
+                    .maximum(Some(1))
+                    .into()
+            },
+            "Every category with its score in [0, 1], six decimals.",
+        )
+    }
+}
+
+impl ToSchema for ScoreMap {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "CategoryScores".into()
+    }
+}
 
 impl Serialize for CategoryFlags {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -170,6 +366,26 @@ impl Serialize for ScoreMap {
     }
 }
 
+/// Moderate text and image items.
+///
+/// Needs an API key. The request counts against the key's requests per
+/// minute and, for text, its characters per minute.
+#[utoipa::path(
+    post,
+    path = "/v1/moderate",
+    tag = "moderation",
+    request_body = ModerateRequest,
+    security(("ApiKey" = [])),
+    responses((
+        status = 200,
+        description = "One result per item",
+        body = ModerateResponse,
+        headers(
+            ("X-RateLimit-Limit-Characters" = u32, description = "The key's text characters per minute (when the request has text)."),
+            ("X-RateLimit-Remaining-Characters" = u32, description = "Text characters that can be sent right now (when the request has text)."),
+        ),
+    )),
+)]
 pub async fn moderate(
     State(state): State<AppState>,
     Extension(request_id): Extension<RequestId>,
@@ -214,7 +430,9 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
         .into_iter()
         .enumerate()
         .map(|(index, outcome)| match outcome {
-            ItemOutcome::Text(verdict) => item_result(index, "text", &verdict, None, None),
+            ItemOutcome::Text(verdict) => {
+                item_result(index, ResultKind::Text, &verdict, None, None)
+            }
             ItemOutcome::Image {
                 verdict,
                 evaluated,
@@ -222,7 +440,14 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
                 ..
             } => {
                 let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
-                item_result(index, "image", &verdict, Some(evaluated), Some(analysis))
+                let analysis = Some(analysis.into());
+                item_result(
+                    index,
+                    ResultKind::Image,
+                    &verdict,
+                    Some(evaluated),
+                    analysis,
+                )
             }
         })
         .collect();
@@ -245,10 +470,10 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
 
 fn item_result(
     index: usize,
-    kind: &'static str,
+    kind: ResultKind,
     verdict: &Verdict,
     evaluated: Option<Vec<&'static str>>,
-    analysis: Option<ImageAnalysis>,
+    analysis: Option<ImageAnalysisBody>,
 ) -> ItemResult {
     ItemResult {
         index,

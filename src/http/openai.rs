@@ -15,6 +15,9 @@ use axum::Extension;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 
 use super::auth::AuthenticatedKey;
 use super::error::ApiError;
@@ -30,12 +33,14 @@ use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 /// "not evaluated" rather than an invented verdict.
 pub const NOT_EVALUATED: [&str; 2] = ["illicit", "illicit/violent"];
 
-#[derive(Debug, Deserialize)]
+/// OpenAI's moderation request. Unknown fields are ignored.
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct ModerationsRequest {
     input: Input,
     /// Accepted and not used: the response names the model that judged.
     #[serde(default)]
     #[allow(dead_code)]
+    #[schema(nullable = false)]
     model: Option<String>,
 }
 
@@ -252,16 +257,58 @@ fn image_url(url: String) -> Result<Part, String> {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// The schema of what the hand-written deserialiser of [`Input`] accepts.
+impl PartialSchema for Input {
+    fn schema() -> RefOr<Schema> {
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        let text_part = ObjectBuilder::new()
+            .property("type", string().enum_values(Some(["text"])))
+            .property("text", string())
+            .required("type")
+            .required("text");
+        let url = ObjectBuilder::new()
+            .property(
+                "url",
+                string().description(Some(
+                    "A data URL, `data:image/<png|jpeg|gif|webp>;base64,<data>`; remote URLs are refused.",
+                )),
+            )
+            .required("url");
+        let image_part = ObjectBuilder::new()
+            .property("type", string().enum_values(Some(["image_url"])))
+            .property("image_url", url)
+            .required("type")
+            .required("image_url");
+        let parts = OneOfBuilder::new().item(text_part).item(image_part);
+        OneOfBuilder::new()
+            .description(Some(
+                "A text (one result), texts (one result each, in order), or content parts (one result for the whole).",
+            ))
+            .item(string())
+            .item(ArrayBuilder::new().items(string()).min_items(Some(1)))
+            .item(ArrayBuilder::new().items(parts).min_items(Some(1)))
+            .into()
+    }
+}
+
+impl ToSchema for Input {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ModerationsInput".into()
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ModerationsResponse {
+    /// `modr_...`, equal to the `X-Request-Id` header.
     id: String,
+    /// Moderato's model id (not the one asked for).
     model: String,
     results: Vec<ModerationResult>,
 }
 
 /// One result in OpenAI's shape: per category the strongest score and any
 /// flag of the items it covers, and which input types were judged for it.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, ToSchema)]
 struct ModerationResult {
     flagged: bool,
     categories: Flags,
@@ -316,6 +363,80 @@ struct Applied {
 #[derive(Debug, Default)]
 struct AppliedTypes([Applied; NUM_CATEGORIES]);
 
+/// An object with every category and the ones not evaluated as required
+/// properties, each of `value`'s schema.
+fn categories_schema(value: impl Fn() -> RefOr<Schema>, description: &str) -> RefOr<Schema> {
+    let names = Category::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .chain(NOT_EVALUATED);
+    let mut object = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(description));
+    for name in names {
+        object = object.property(name, value()).required(name);
+    }
+    object.into()
+}
+
+const NOT_EVALUATED_NOTE: &str =
+    "`illicit` and `illicit/violent` are not evaluated by Moderato: always false, 0 and [].";
+
+impl PartialSchema for Flags {
+    fn schema() -> RefOr<Schema> {
+        categories_schema(
+            || ObjectBuilder::new().schema_type(Type::Boolean).into(),
+            NOT_EVALUATED_NOTE,
+        )
+    }
+}
+
+impl ToSchema for Flags {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ModerationsCategories".into()
+    }
+}
+
+impl PartialSchema for Scores {
+    fn schema() -> RefOr<Schema> {
+        let score = || {
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(0))
+                .maximum(Some(1))
+                .into()
+        };
+        categories_schema(score, NOT_EVALUATED_NOTE)
+    }
+}
+
+impl ToSchema for Scores {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ModerationsCategoryScores".into()
+    }
+}
+
+impl PartialSchema for AppliedTypes {
+    fn schema() -> RefOr<Schema> {
+        let types = || {
+            ArrayBuilder::new()
+                .items(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(["text", "image"])),
+                )
+                .into()
+        };
+        categories_schema(types, NOT_EVALUATED_NOTE)
+    }
+}
+
+impl ToSchema for AppliedTypes {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ModerationsAppliedInputTypes".into()
+    }
+}
+
 /// Every category in the API's order, then the ones not evaluated.
 fn serialize_categories<S: Serializer, T: Serialize, U: Serialize>(
     serializer: S,
@@ -363,6 +484,27 @@ impl Serialize for AppliedTypes {
     }
 }
 
+/// OpenAI-compatible moderation.
+///
+/// Takes the same API key as `Authorization: Bearer <key>` (or in
+/// `X-API-Key`), with the same limits, metering and signatures as
+/// `/v1/moderate`. Errors come in OpenAI's shape.
+#[utoipa::path(
+    post,
+    path = "/v1/moderations",
+    tag = "moderation",
+    request_body = ModerationsRequest,
+    security(("Bearer" = []), ("ApiKey" = [])),
+    responses((
+        status = 200,
+        description = "OpenAI's moderation response",
+        body = ModerationsResponse,
+        headers(
+            ("X-RateLimit-Limit-Characters" = u32, description = "The key's text characters per minute (when the request has text)."),
+            ("X-RateLimit-Remaining-Characters" = u32, description = "Text characters that can be sent right now (when the request has text)."),
+        ),
+    )),
+)]
 pub async fn moderations(
     State(state): State<AppState>,
     Extension(request_id): Extension<RequestId>,

@@ -14,6 +14,7 @@ mod limits;
 mod metrics;
 mod moderations;
 mod nsfwjs_reference;
+mod openapi;
 mod signatures;
 mod store;
 mod text_model;
