@@ -367,7 +367,7 @@ mod tests {
     #[test]
     fn tokens_match_only_themselves_and_never_empty() {
         let t = random_token();
-        assert!(tokens_match(&t, &t.clone()));
+        assert!(tokens_match(&t, &t));
         assert!(!tokens_match(&t, &random_token()));
         assert!(!tokens_match("", ""));
         assert_eq!(token_hash(&t).len(), 32);

@@ -158,6 +158,9 @@ pub async fn csv(
         .into_response())
 }
 
+/// A chart line: its CSS class and the day's value it draws.
+type Series = (&'static str, fn(&UsageDay) -> u64);
+
 const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 240.0;
 const LEFT: f64 = 48.0;
@@ -210,7 +213,7 @@ pub fn chart(days: &[UsageDay]) -> String {
             d.day.get(5..).unwrap_or(&d.day)
         );
     }
-    let series: [(&str, fn(&UsageDay) -> u64); 3] = [
+    let series: [Series; 3] = [
         ("requests", |d| d.requests),
         ("items", |d| d.items),
         ("rate_limited", |d| d.rate_limited),
