@@ -364,8 +364,9 @@ fn print_accounts(config: &Config, listings: &[crate::store::AccountListing], as
         println!(
             "{:<36}  {:<8}  {:<10}  {:>6}  {:<8}  {}",
             a.id,
-            a.role,
-            a.plan.tier(),
+            // as_str: Display ignores the column width.
+            a.role.as_str(),
+            a.plan.tier().as_str(),
             a.plan.rpm(&config.plans),
             status,
             a.email
