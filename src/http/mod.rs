@@ -38,7 +38,7 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{middleware, Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::config::{BudgetConfig, IpBlock, Limits, Plans};
+use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
 use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
 use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
@@ -63,6 +63,7 @@ pub struct Shared {
     pub trusted_proxies: Vec<IpBlock>,
     pub body_read_timeout: Duration,
     pub signer: Arc<ResponseSigner>,
+    pub dashboard: DashboardConfig,
 }
 
 #[derive(Clone)]
@@ -79,7 +80,11 @@ pub fn router(state: AppState) -> Router {
     let signer = state.signer.clone();
     let moderate = metered(&state, Endpoint::Moderate, moderate::moderate);
     let moderations = metered(&state, Endpoint::Moderations, openai::moderations);
-    Router::new()
+    let mut routes = Router::new();
+    if state.dashboard.enabled {
+        routes = routes.nest("/dashboard", crate::dashboard::router(state.clone()));
+    }
+    routes
         .route("/v1/moderate", moderate)
         .route("/v1/moderations", moderations)
         .route("/v1/signing-keys", get(meta::signing_keys))
