@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::plan::effective_rpm;
+use crate::access::{Account, Email, Password, Plan, Role};
 use crate::config::Config;
 use crate::store::{ApiKeyRecord, KeyId, Period, Store, Tier};
 
@@ -34,6 +36,36 @@ pub enum Command {
     Keys(KeysCommand),
     /// Billable usage per key and day (or month).
     Usage(UsageArgs),
+    /// Manage dashboard accounts.
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Create an account (the first admin is made this way).
+    Create {
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        #[arg(long, value_parser = parse_tier, default_value = "free")]
+        tier: Tier,
+        /// Requests per minute: required for enterprise, overrides the plan otherwise.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        rpm: Option<u32>,
+        /// Read the password from standard input (one line). Without it the
+        /// account has no password until one is set.
+        #[arg(long)]
+        password_stdin: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List accounts.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +117,10 @@ fn parse_tier(s: &str) -> Result<Tier, String> {
     s.parse()
 }
 
+fn parse_role(s: &str) -> Result<Role, String> {
+    s.parse()
+}
+
 fn parse_period(s: &str) -> Result<Period, String> {
     match s {
         "day" => Ok(Period::Day),
@@ -101,6 +137,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => serve(config).await,
         Command::Keys(command) => keys(config, command).await,
         Command::Usage(args) => usage(config, args).await,
+        Command::Accounts(command) => accounts(config, command).await,
     }
 }
 
@@ -153,9 +190,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
             rpm,
             json,
         } => {
-            if tier == Tier::Enterprise && rpm.is_none() {
-                anyhow::bail!("an enterprise key needs its limit: add --rpm N");
-            }
+            let plan = Plan::new(tier, rpm)?;
             let pepper = crate::load_pepper(&config)?;
             let new = crate::keys::generate(&pepper);
             let record = ApiKeyRecord {
@@ -168,7 +203,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
                 revoked_at: None,
             };
             store.insert_key(&record).await?;
-            let limit = rpm.unwrap_or_else(|| config.plans.rpm(tier));
+            let limit = plan.rpm(&config.plans);
             if json {
                 println!(
                     "{}",
@@ -188,15 +223,13 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
         KeysCommand::List { json } => print_keys(&config, &store.list_keys().await?, json),
         KeysCommand::SetTier { id, tier, rpm } => {
             let id = key_id(&id)?;
-            if tier == Tier::Enterprise && rpm.is_none() {
-                anyhow::bail!("an enterprise key needs its limit: add --rpm N");
-            }
+            let plan = Plan::new(tier, rpm)?;
             if !store.set_tier(&id, tier, rpm).await? {
                 anyhow::bail!("no key with id {id}");
             }
             println!(
                 "{id}: tier {tier}, {} requests/minute",
-                rpm.unwrap_or_else(|| config.plans.rpm(tier))
+                plan.rpm(&config.plans)
             );
         }
     }
@@ -211,7 +244,7 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
                 "id": k.id,
                 "name": k.name,
                 "tier": k.tier,
-                "rpm": k.custom_rpm.unwrap_or_else(|| config.plans.rpm(k.tier)),
+                "rpm": effective_rpm(k.tier, k.custom_rpm, &config.plans),
                 "created_at": k.created_at,
                 "revoked_at": k.revoked_at,
             })
@@ -234,6 +267,108 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
         println!(
             "{:<16}  {:<10}  {:>6}  {:<8}  {}",
             key.id, key.tier, row["rpm"], status, key.name
+        );
+    }
+}
+
+async fn accounts(config: Config, command: AccountsCommand) -> anyhow::Result<()> {
+    let store = crate::store::connect(&config.database_url.0).await?;
+    match command {
+        AccountsCommand::Create {
+            email,
+            role,
+            tier,
+            rpm,
+            password_stdin,
+            json,
+        } => {
+            let email = Email::parse(&email)?;
+            let plan = Plan::new(tier, rpm)?;
+            let password_hash = if password_stdin {
+                let password = Password::new(read_password_line()?)?;
+                Some(tokio::task::spawn_blocking(move || password.hash()).await?)
+            } else {
+                None
+            };
+            let account = Account::new(email, role, plan, password_hash);
+            match store.insert_account(&account).await {
+                Err(crate::store::StoreError::Conflict(_)) => {
+                    anyhow::bail!("an account with e-mail {} already exists", account.email)
+                }
+                other => other?,
+            }
+            if json {
+                println!(
+                    "{}",
+                    json!({ "id": account.id, "email": account.email, "role": account.role })
+                );
+            } else {
+                println!(
+                    "created {} account {} ({}), plan {tier} ({} requests/minute)",
+                    account.role,
+                    account.email,
+                    account.id,
+                    plan.rpm(&config.plans)
+                );
+            }
+        }
+        AccountsCommand::List { json } => {
+            let listings = store.list_accounts().await?;
+            print_accounts(&config, &listings, json);
+        }
+    }
+    Ok(())
+}
+
+/// One line of standard input, without its line ending.
+fn read_password_line() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+fn print_accounts(config: &Config, listings: &[crate::store::AccountListing], as_json: bool) {
+    if as_json {
+        let rows: Vec<serde_json::Value> = listings
+            .iter()
+            .map(|l| {
+                let a = &l.account;
+                json!({
+                    "id": a.id,
+                    "email": a.email,
+                    "role": a.role,
+                    "tier": a.plan.tier(),
+                    "rpm": a.plan.rpm(&config.plans),
+                    "disabled_at": a.disabled_at,
+                    "created_at": a.created_at,
+                    "last_activity": l.last_activity,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return;
+    }
+    println!(
+        "{:<36}  {:<8}  {:<10}  {:>6}  {:<8}  email",
+        "id", "role", "tier", "rpm", "status"
+    );
+    for l in listings {
+        let a = &l.account;
+        let status = if a.is_disabled() {
+            "disabled"
+        } else {
+            "active"
+        };
+        println!(
+            "{:<36}  {:<8}  {:<10}  {:>6}  {:<8}  {}",
+            a.id,
+            a.role,
+            a.plan.tier(),
+            a.plan.rpm(&config.plans),
+            status,
+            a.email
         );
     }
 }

@@ -89,6 +89,7 @@ pub struct Config {
     pub limits: Limits,
     pub auth: AuthConfig,
     pub plans: Plans,
+    pub dashboard: DashboardConfig,
     pub signing: SigningConfig,
     pub usage: UsageConfig,
     pub budget: BudgetConfig,
@@ -224,6 +225,28 @@ impl Plans {
     }
 }
 
+/// Who may create dashboard accounts.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Signup {
+    /// Only admins create accounts.
+    Closed,
+    /// Anyone may sign up for a free account.
+    Open,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardConfig {
+    pub enabled: bool,
+    pub signup: Signup,
+    /// A session ends after this many minutes without a request.
+    pub session_idle_minutes: u32,
+    /// Whether the session cookie carries `Secure` (false only for
+    /// plain-HTTP development).
+    pub cookie_secure: bool,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SigningConfig {
@@ -335,6 +358,9 @@ impl Config {
                     "plans.{tier} must be at least 1 request per minute"
                 ));
             }
+        }
+        if self.dashboard.session_idle_minutes == 0 {
+            return invalid("dashboard.session_idle_minutes must be at least 1".into());
         }
         if self.auth.failed_auth_per_minute == 0 {
             return invalid("auth.failed_auth_per_minute must be at least 1".into());

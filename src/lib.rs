@@ -3,8 +3,10 @@
 //! [`run`] builds the whole service from a [`config::Config`] and serves it
 //! on a listener until a shutdown token is cancelled.
 
+pub mod access;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod fsutil;
 pub mod http;
 pub mod keys;
@@ -77,6 +79,7 @@ pub async fn run(
         trusted_proxies: config.auth.trusted_proxies.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
         signer,
+        dashboard: config.dashboard.clone(),
     }));
     let app = http::router(state);
     tracing::info!(address = %listener.local_addr()?, "moderato listening");

@@ -18,6 +18,7 @@ use http_body_util::BodyExt;
 use super::error::{retry_after_secs, ApiError};
 use super::request_id::RequestId;
 use super::AppState;
+use crate::access::plan::effective_rpm;
 use crate::config::IpBlock;
 use crate::keys::PresentedKey;
 use crate::ratelimit::Decision;
@@ -110,9 +111,7 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         let full = ApiError::ServiceUnavailable("usage queue full".into());
         return refuse(request, full, &state).await;
     };
-    let rpm = record
-        .custom_rpm
-        .unwrap_or_else(|| state.plans.rpm(record.tier));
+    let rpm = effective_rpm(record.tier, record.custom_rpm, &state.plans);
     let (decision, _backend) = state.limiter.check(record.id.as_str(), rpm).await;
 
     let mut response = if decision.allowed {
@@ -224,7 +223,7 @@ async fn identify(
 /// Then `X-Forwarded-For` is walked from the right (each trusted hop
 /// appended what it saw) to the first address that is not a trusted proxy;
 /// entries to its left are the client's own words and could be anything.
-fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpBlock]) -> IpAddr {
+pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpBlock]) -> IpAddr {
     let is_trusted = |address: IpAddr| trusted.iter().any(|block| block.contains(address));
     let mut client = peer;
     if !is_trusted(peer) {

@@ -33,7 +33,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::config::{BudgetConfig, IpBlock, Limits, Plans};
+use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
 use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
 use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
@@ -58,6 +58,7 @@ pub struct Shared {
     pub trusted_proxies: Vec<IpBlock>,
     pub body_read_timeout: Duration,
     pub signer: Arc<ResponseSigner>,
+    pub dashboard: DashboardConfig,
 }
 
 #[derive(Clone)]
@@ -78,7 +79,11 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::authenticate,
         ));
-    Router::new()
+    let mut routes = Router::new();
+    if state.dashboard.enabled {
+        routes = routes.nest("/dashboard", crate::dashboard::router(state.clone()));
+    }
+    routes
         .route("/v1/moderate", moderate)
         .route("/v1/signing-keys", get(meta::signing_keys))
         .route("/v1/openapi.json", get(meta::openapi))

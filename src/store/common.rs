@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{KeyId, StoreError, UsageEvent};
+use std::str::FromStr;
+
+use super::{KeyId, StoreError, Tier, UsageEvent};
+use crate::access::{AccountId, Email, Plan};
 
 /// How long a caller waits for a pooled connection (or for the database to
 /// answer when connecting) before getting `StoreError::Unavailable`.
@@ -176,6 +179,24 @@ where
 
 pub(super) fn parse_key_id(s: &str) -> Result<KeyId, StoreError> {
     KeyId::parse(s).ok_or_else(|| StoreError::Other(format!("stored key id {s:?} is malformed")))
+}
+
+pub(super) fn parse_account_id(s: &str) -> Result<AccountId, StoreError> {
+    AccountId::parse(s)
+        .ok_or_else(|| StoreError::Other(format!("stored account id {s:?} is malformed")))
+}
+
+pub(super) fn parse_email(s: &str) -> Result<Email, StoreError> {
+    Email::parse(s).map_err(|e| StoreError::Other(format!("stored {e}")))
+}
+
+/// An account's stored tier and limit, checked as a [`Plan`].
+pub(super) fn stored_plan(tier: &str, custom_rpm: Option<i64>) -> Result<Plan, StoreError> {
+    let tier = Tier::from_str(tier).map_err(StoreError::Other)?;
+    let rpm = custom_rpm
+        .map(|v| from_stored::<i64, u32>(v, "custom_rpm"))
+        .transpose()?;
+    Plan::new(tier, rpm).map_err(|e| StoreError::Other(format!("stored plan: {e}")))
 }
 
 /// `custom_rpm` is an SQL INTEGER (32-bit in PostgreSQL).

@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
+
 mod common;
 pub mod postgres;
 pub mod sqlite;
@@ -156,6 +158,65 @@ pub struct BillingRow {
     pub rate_limited: u64,
 }
 
+/// A key made in the dashboard: its plan is taken from its account's row in
+/// the same statement, so it cannot miss a concurrent plan change.
+#[derive(Clone, Debug)]
+pub struct NewAccountKey {
+    pub id: KeyId,
+    pub name: String,
+    pub secret_hash: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A key as its owner sees it: the record and when it was last used (the
+/// latest usage event, as billing sees it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccountKey {
+    pub key: ApiKeyRecord,
+    pub last_used: Option<DateTime<Utc>>,
+}
+
+/// An account in the admin's list, with its latest sign-in or API use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccountListing {
+    pub account: Account,
+    pub last_activity: Option<DateTime<Utc>>,
+}
+
+/// A dashboard session to store. `id_hash` is a SHA-256 of the session id
+/// the browser holds.
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    pub id_hash: Vec<u8>,
+    pub account_id: AccountId,
+    pub csrf_token: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A live dashboard session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Session {
+    pub account_id: AccountId,
+    pub csrf_token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Failed sign-ins since some time, for the lockout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SignInFailures {
+    /// For this e-mail address, from anywhere.
+    pub by_email: u32,
+    /// From this client address, for any e-mail address.
+    pub by_address: u32,
+    /// For this e-mail address from this client address.
+    pub by_pair: u32,
+    /// The oldest failure counted for the e-mail address.
+    pub oldest_by_email: Option<DateTime<Utc>>,
+    /// The oldest failure counted for the client address.
+    pub oldest_by_address: Option<DateTime<Utc>>,
+}
+
 /// What every backend provides. All methods are safe to call concurrently.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -192,6 +253,82 @@ pub trait Store: Send + Sync + 'static {
         key: Option<&KeyId>,
         since: Option<NaiveDate>,
     ) -> Result<Vec<BillingRow>, StoreError>;
+
+    // Accounts. `get_key` reports the keys of a disabled account as revoked
+    // (since the account was disabled): the API refuses them through its
+    // usual key path, and enabling the account again would restore them.
+
+    /// `StoreError::Conflict` if the e-mail address is taken.
+    async fn insert_account(&self, account: &Account) -> Result<(), StoreError>;
+    async fn get_account(&self, id: &AccountId) -> Result<Option<Account>, StoreError>;
+    async fn account_by_email(&self, email: &Email) -> Result<Option<Account>, StoreError>;
+    /// All accounts, oldest first, with their latest activity.
+    async fn list_accounts(&self) -> Result<Vec<AccountListing>, StoreError>;
+    /// `Ok(false)` if there is no such account.
+    async fn set_account_password(
+        &self,
+        id: &AccountId,
+        hash: &PasswordHash,
+    ) -> Result<bool, StoreError>;
+    /// Sets the account's plan and, in the same transaction, the plan of
+    /// every key it owns. `Ok(false)` if there is no such account or it is
+    /// the operator account (whose CLI keys each keep their own plan).
+    async fn set_account_plan(&self, id: &AccountId, plan: Plan) -> Result<bool, StoreError>;
+    /// Disables the account (keeping the first time) and ends its sessions.
+    /// `Ok(false)` if there is no such account.
+    async fn disable_account(&self, id: &AccountId) -> Result<bool, StoreError>;
+
+    /// Stores a key owned by `account`, with the account's plan.
+    /// `StoreError::Conflict` if the account does not exist.
+    async fn insert_account_key(
+        &self,
+        account: &AccountId,
+        key: &NewAccountKey,
+    ) -> Result<(), StoreError>;
+    /// The account's keys, oldest first.
+    async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError>;
+    /// Revokes a key only if `account` owns it; `Ok(false)` otherwise.
+    async fn revoke_account_key(&self, account: &AccountId, id: &KeyId)
+        -> Result<bool, StoreError>;
+
+    async fn insert_session(&self, session: &NewSession) -> Result<(), StoreError>;
+    /// The unexpired session whose id hashes to `id_hash`, marked seen at
+    /// `now` and extended to `expires_at`; `None` if missing or expired.
+    async fn touch_session(
+        &self,
+        id_hash: &[u8],
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<Option<Session>, StoreError>;
+    async fn delete_session(&self, id_hash: &[u8]) -> Result<(), StoreError>;
+
+    async fn record_sign_in_failure(
+        &self,
+        email: &str,
+        address: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// Failures at or after `since`.
+    async fn sign_in_failures(
+        &self,
+        email: &str,
+        address: &str,
+        since: DateTime<Utc>,
+    ) -> Result<SignInFailures, StoreError>;
+
+    /// Stores a one-time password-setting token (its SHA-256).
+    async fn insert_password_token(
+        &self,
+        token_hash: &[u8],
+        account: &AccountId,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// Consumes the token: its account if it existed and had not expired.
+    async fn take_password_token(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError>;
 }
 
 /// Opens the backend named by the URL's scheme (`postgres://`,

@@ -8,17 +8,27 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, map_migrate, map_sqlx, parse_key_id, redact_error, UsageRow,
-    ACQUIRE_TIMEOUT,
+    custom_rpm_to_sql, from_stored, map_migrate, map_sqlx, parse_account_id, parse_email,
+    parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
 };
-use super::{ApiKeyRecord, BillingRow, KeyId, Period, Store, StoreError, Tier, UsageEvent};
+use super::{
+    AccountKey, AccountListing, ApiKeyRecord, BillingRow, KeyId, NewAccountKey, NewSession, Period,
+    Session, SignInFailures, Store, StoreError, Tier, UsageEvent,
+};
+use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
 
 /// Connections per process: the server's handlers plus the usage writer.
 const MAX_CONNECTIONS: u32 = 16;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-const KEY_COLUMNS: &str = "id, name, tier, custom_rpm, secret_hash, created_at, revoked_at";
+/// A key's columns, with `revoked_at` standing for "refused since": the
+/// key's own revocation, else its account's disabling.
+const KEY_SELECT: &str = "SELECT k.id, k.name, k.tier, k.custom_rpm, k.secret_hash, k.created_at, \
+     COALESCE(k.revoked_at, a.disabled_at) AS revoked_at \
+     FROM api_keys k JOIN accounts a ON a.id = k.account_id";
+const ACCOUNT_COLUMNS: &str =
+    "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
      image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms";
 
@@ -101,7 +111,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_key(&self, id: &KeyId) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
+        let sql = format!("{KEY_SELECT} WHERE k.id = $1");
         let row = sqlx::query(&sql)
             .bind(id.as_str())
             .fetch_optional(&self.pool)
@@ -111,7 +121,7 @@ impl Store for PostgresStore {
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
+        let sql = format!("{KEY_SELECT} ORDER BY k.created_at, k.id");
         let rows = sqlx::query(&sql)
             .fetch_all(&self.pool)
             .await
@@ -232,6 +242,351 @@ impl Store for PostgresStore {
             .map_err(map_sqlx)?;
         rows.iter().map(|r| billing_from_row(r, period)).collect()
     }
+
+    async fn insert_account(&self, account: &Account) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO accounts ({ACCOUNT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        ))
+        .bind(account.id.as_str())
+        .bind(account.email.as_str())
+        .bind(account.password_hash.as_ref().map(PasswordHash::as_str))
+        .bind(account.role.as_str())
+        .bind(account.plan.tier().as_str())
+        .bind(custom_rpm_to_sql(account.plan.custom_rpm())?)
+        .bind(account.disabled_at)
+        .bind(account.created_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn get_account(&self, id: &AccountId) -> Result<Option<Account>, StoreError> {
+        let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1");
+        let row = sqlx::query(&sql)
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        row.map(|r| account_from_row(&r)).transpose()
+    }
+
+    async fn account_by_email(&self, email: &Email) -> Result<Option<Account>, StoreError> {
+        let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE email = $1");
+        let row = sqlx::query(&sql)
+            .bind(email.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        row.map(|r| account_from_row(&r)).transpose()
+    }
+
+    async fn list_accounts(&self) -> Result<Vec<AccountListing>, StoreError> {
+        let sql = format!(
+            "SELECT {ACCOUNT_COLUMNS}, GREATEST( \
+                 (SELECT MAX(s.last_seen) FROM dashboard_sessions s WHERE s.account_id = accounts.id), \
+                 (SELECT MAX(u.at) FROM usage_events u JOIN api_keys k ON k.id = u.key_id \
+                  WHERE k.account_id = accounts.id)) AS last_activity \
+             FROM accounts ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(AccountListing {
+                    account: account_from_row(r)?,
+                    last_activity: r.try_get("last_activity").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_account_password(
+        &self,
+        id: &AccountId,
+        hash: &PasswordHash,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE accounts SET password_hash = $2 WHERE id = $1 AND id <> $3")
+            .bind(id.as_str())
+            .bind(hash.as_str())
+            .bind(AccountId::OPERATOR)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn set_account_plan(&self, id: &AccountId, plan: Plan) -> Result<bool, StoreError> {
+        if id.is_operator() {
+            return Ok(false);
+        }
+        let tier = plan.tier().as_str();
+        let rpm = custom_rpm_to_sql(plan.custom_rpm())?;
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        let done = sqlx::query("UPDATE accounts SET tier = $2, custom_rpm = $3 WHERE id = $1")
+            .bind(id.as_str())
+            .bind(tier)
+            .bind(rpm)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        sqlx::query("UPDATE api_keys SET tier = $2, custom_rpm = $3 WHERE account_id = $1")
+            .bind(id.as_str())
+            .bind(tier)
+            .bind(rpm)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(true)
+    }
+
+    async fn disable_account(&self, id: &AccountId) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        let done = sqlx::query(
+            "UPDATE accounts SET disabled_at = COALESCE(disabled_at, $2) WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(Utc::now())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        sqlx::query("DELETE FROM dashboard_sessions WHERE account_id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn insert_account_key(
+        &self,
+        account: &AccountId,
+        key: &NewAccountKey,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, account_id) \
+             SELECT $1, $2, tier, custom_rpm, $3, $4, id FROM accounts WHERE id = $5",
+        )
+        .bind(key.id.as_str())
+        .bind(&key.name)
+        .bind(&key.secret_hash)
+        .bind(key.created_at)
+        .bind(account.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!("no account {account}")));
+        }
+        Ok(())
+    }
+
+    async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError> {
+        let sql = format!(
+            "SELECT * FROM ({KEY_SELECT} WHERE k.account_id = $1) keys, \
+             LATERAL (SELECT MAX(u.at) AS last_used FROM usage_events u WHERE u.key_id = keys.id) used \
+             ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(account.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(AccountKey {
+                    key: key_from_row(r)?,
+                    last_used: r.try_get("last_used").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn revoke_account_key(
+        &self,
+        account: &AccountId,
+        id: &KeyId,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) \
+             WHERE id = $1 AND account_id = $2",
+        )
+        .bind(id.as_str())
+        .bind(account.as_str())
+        .bind(Utc::now())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn insert_session(&self, session: &NewSession) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO dashboard_sessions \
+             (id_hash, account_id, csrf_token, created_at, last_seen, expires_at) \
+             VALUES ($1, $2, $3, $4, $4, $5)",
+        )
+        .bind(&session.id_hash)
+        .bind(session.account_id.as_str())
+        .bind(&session.csrf_token)
+        .bind(session.created_at)
+        .bind(session.expires_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn touch_session(
+        &self,
+        id_hash: &[u8],
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE dashboard_sessions SET last_seen = $2, expires_at = $3 \
+             WHERE id_hash = $1 AND expires_at > $2 \
+             RETURNING account_id, csrf_token, expires_at",
+        )
+        .bind(id_hash)
+        .bind(now)
+        .bind(expires_at)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|r| {
+            let account: String = r.try_get("account_id").map_err(map_sqlx)?;
+            Ok(Session {
+                account_id: parse_account_id(&account)?,
+                csrf_token: r.try_get("csrf_token").map_err(map_sqlx)?,
+                expires_at: r.try_get("expires_at").map_err(map_sqlx)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn delete_session(&self, id_hash: &[u8]) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM dashboard_sessions WHERE id_hash = $1")
+            .bind(id_hash)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn record_sign_in_failure(
+        &self,
+        email: &str,
+        address: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO sign_in_failures (email, address, at) VALUES ($1, $2, $3)")
+            .bind(email)
+            .bind(address)
+            .bind(at)
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn sign_in_failures(
+        &self,
+        email: &str,
+        address: &str,
+        since: DateTime<Utc>,
+    ) -> Result<SignInFailures, StoreError> {
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT COUNT(*) FROM sign_in_failures WHERE email = $1 AND at >= $3) AS by_email, \
+               (SELECT COUNT(*) FROM sign_in_failures WHERE address = $2 AND at >= $3) AS by_address, \
+               (SELECT COUNT(*) FROM sign_in_failures \
+                 WHERE email = $1 AND address = $2 AND at >= $3) AS by_pair, \
+               (SELECT MIN(at) FROM sign_in_failures WHERE email = $1 AND at >= $3) AS oldest_by_email, \
+               (SELECT MIN(at) FROM sign_in_failures WHERE address = $2 AND at >= $3) AS oldest_by_address",
+        )
+        .bind(email)
+        .bind(address)
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        let count = |column: &str| -> Result<u32, StoreError> {
+            let v: i64 = row.try_get(column).map_err(map_sqlx)?;
+            Ok(u32::try_from(v).unwrap_or(u32::MAX))
+        };
+        Ok(SignInFailures {
+            by_email: count("by_email")?,
+            by_address: count("by_address")?,
+            by_pair: count("by_pair")?,
+            oldest_by_email: row.try_get("oldest_by_email").map_err(map_sqlx)?,
+            oldest_by_address: row.try_get("oldest_by_address").map_err(map_sqlx)?,
+        })
+    }
+
+    async fn insert_password_token(
+        &self,
+        token_hash: &[u8],
+        account: &AccountId,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO password_tokens (token_hash, account_id, expires_at) VALUES ($1, $2, $3)",
+        )
+        .bind(token_hash)
+        .bind(account.as_str())
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn take_password_token(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError> {
+        let row = sqlx::query(
+            "DELETE FROM password_tokens WHERE token_hash = $1 RETURNING account_id, expires_at",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        let Some(row) = row else { return Ok(None) };
+        let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(map_sqlx)?;
+        if expires_at <= now {
+            return Ok(None);
+        }
+        let account: String = row.try_get("account_id").map_err(map_sqlx)?;
+        parse_account_id(&account).map(Some)
+    }
+}
+
+fn account_from_row(row: &PgRow) -> Result<Account, StoreError> {
+    let id: String = row.try_get("id").map_err(map_sqlx)?;
+    let email: String = row.try_get("email").map_err(map_sqlx)?;
+    let role: String = row.try_get("role").map_err(map_sqlx)?;
+    let tier: String = row.try_get("tier").map_err(map_sqlx)?;
+    let custom_rpm: Option<i32> = row.try_get("custom_rpm").map_err(map_sqlx)?;
+    let password_hash: Option<String> = row.try_get("password_hash").map_err(map_sqlx)?;
+    Ok(Account {
+        id: parse_account_id(&id)?,
+        email: parse_email(&email)?,
+        password_hash: password_hash.map(PasswordHash::from_stored),
+        role: role.parse().map_err(StoreError::Other)?,
+        plan: stored_plan(&tier, custom_rpm.map(i64::from))?,
+        disabled_at: row.try_get("disabled_at").map_err(map_sqlx)?,
+        created_at: row.try_get("created_at").map_err(map_sqlx)?,
+    })
 }
 
 fn start_of_day(day: NaiveDate) -> DateTime<Utc> {

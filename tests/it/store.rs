@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+use moderato::access::{Account, AccountId, Email, PasswordHash, Plan, Role};
 use moderato::store::{
-    self, ApiKeyRecord, BillingRow, KeyId, Period, PostgresStore, SqliteStore, Store, StoreError,
-    Tier, UsageEvent,
+    self, ApiKeyRecord, BillingRow, KeyId, NewAccountKey, NewSession, Period, PostgresStore,
+    SignInFailures, SqliteStore, Store, StoreError, Tier, UsageEvent,
 };
 use sqlx::Connection;
 
@@ -855,4 +856,403 @@ async fn sqlite_in_memory_keeps_data_across_pooled_connections() {
     for keys in reads {
         assert_eq!(keys.expect("list").len(), 3);
     }
+}
+
+// Accounts, dashboard sessions and the sign-in lockout.
+
+both_backends!(
+    accounts_round_trip_and_emails_are_unique,
+    cli_keys_belong_to_the_operator_account,
+    account_keys_take_the_accounts_plan_and_follow_its_changes,
+    disabling_an_account_refuses_its_keys_and_ends_its_sessions,
+    only_the_owner_revokes_an_account_key,
+    account_keys_report_their_last_use,
+    sessions_expire_when_idle_and_are_extended_when_seen,
+    sign_in_failures_are_counted_by_email_address_and_both,
+    password_tokens_are_single_use_and_expire,
+);
+
+fn new_account(email: &str, role: Role, plan: Plan) -> Account {
+    Account::new(Email::parse(email).expect("email"), role, plan, None)
+}
+
+fn free() -> Plan {
+    Plan::new(Tier::Free, None).expect("plan")
+}
+
+fn account_key(n: u64) -> NewAccountKey {
+    NewAccountKey {
+        id: key_id(n),
+        name: format!("dashboard key {n}"),
+        secret_hash: vec![n as u8; 32],
+        created_at: at(2026, 1, 1, 0, 0, n as u32),
+    }
+}
+
+async fn accounts_round_trip_and_emails_are_unique(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let hash = PasswordHash::from_stored("$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".into());
+    let mut ada = new_account(
+        "Ada@Example.com",
+        Role::Admin,
+        Plan::new(Tier::Enterprise, Some(5000)).unwrap(),
+    );
+    ada.password_hash = Some(hash.clone());
+    store.insert_account(&ada).await.expect("insert");
+    let stored = store.get_account(&ada.id).await.unwrap().expect("found");
+    assert_eq!(stored.email.as_str(), "ada@example.com");
+    assert_eq!(stored.role, Role::Admin);
+    assert_eq!(
+        stored.plan,
+        Plan::new(Tier::Enterprise, Some(5000)).unwrap()
+    );
+    assert_eq!(stored.password_hash, Some(hash));
+    assert!(stored.disabled_at.is_none());
+    let by_email = store
+        .account_by_email(&Email::parse("ADA@example.com").unwrap())
+        .await
+        .unwrap()
+        .expect("found by e-mail in any case");
+    assert_eq!(by_email.id, ada.id);
+
+    let twin = new_account("ada@example.com", Role::Customer, free());
+    match store.insert_account(&twin).await {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let listed: Vec<String> = store
+        .list_accounts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.account.email.to_string())
+        .collect();
+    assert_eq!(listed, ["operator@localhost", "ada@example.com"]);
+}
+
+async fn cli_keys_belong_to_the_operator_account(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let operator = store
+        .get_account(&AccountId::operator())
+        .await
+        .unwrap()
+        .expect("the migration creates the operator account");
+    assert!(operator.password_hash.is_none(), "nobody signs in as it");
+    let keys = store.account_keys(&operator.id).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].key.id, key_id(1));
+    assert!(store.get_key(&key_id(1)).await.unwrap().is_some());
+    // Its keys keep their own plans: the operator account has none to give.
+    assert!(!store
+        .set_account_plan(&operator.id, Plan::new(Tier::Pro, None).unwrap())
+        .await
+        .unwrap());
+    assert_eq!(
+        store.get_key(&key_id(1)).await.unwrap().unwrap().tier,
+        Tier::Free
+    );
+}
+
+async fn account_keys_take_the_accounts_plan_and_follow_its_changes(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account(
+        "b@example.com",
+        Role::Customer,
+        Plan::new(Tier::Basic, None).unwrap(),
+    );
+    store.insert_account(&acct).await.unwrap();
+    store
+        .insert_account_key(&acct.id, &account_key(1))
+        .await
+        .unwrap();
+    store
+        .insert_account_key(&acct.id, &account_key(2))
+        .await
+        .unwrap();
+    add_keys(store, &[3]).await;
+    let key = store.get_key(&key_id(1)).await.unwrap().unwrap();
+    assert_eq!((key.tier, key.custom_rpm), (Tier::Basic, None));
+
+    let enterprise = Plan::new(Tier::Enterprise, Some(4321)).unwrap();
+    assert!(store.set_account_plan(&acct.id, enterprise).await.unwrap());
+    for n in [1, 2] {
+        let key = store.get_key(&key_id(n)).await.unwrap().unwrap();
+        assert_eq!((key.tier, key.custom_rpm), (Tier::Enterprise, Some(4321)));
+    }
+    let other = store.get_key(&key_id(3)).await.unwrap().unwrap();
+    assert_eq!(other.tier, Tier::Free, "another account's key is untouched");
+    assert_eq!(
+        store.get_account(&acct.id).await.unwrap().unwrap().plan,
+        enterprise
+    );
+    // A key made after the change takes the new plan.
+    store
+        .insert_account_key(&acct.id, &account_key(4))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_key(&key_id(4)).await.unwrap().unwrap().custom_rpm,
+        Some(4321)
+    );
+    match store
+        .insert_account_key(&AccountId::new_random(), &account_key(5))
+        .await
+    {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("a key for no account must fail, got {other:?}"),
+    }
+    assert!(!store
+        .set_account_plan(&AccountId::new_random(), free())
+        .await
+        .unwrap());
+}
+
+async fn disabling_an_account_refuses_its_keys_and_ends_its_sessions(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("c@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    store
+        .insert_account_key(&acct.id, &account_key(1))
+        .await
+        .unwrap();
+    add_keys(store, &[2]).await;
+    let now = Utc::now();
+    store
+        .insert_session(&NewSession {
+            id_hash: vec![7; 32],
+            account_id: acct.id.clone(),
+            csrf_token: "t".into(),
+            created_at: now,
+            expires_at: now + chrono::Duration::hours(1),
+        })
+        .await
+        .unwrap();
+    assert!(store
+        .get_key(&key_id(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .revoked_at
+        .is_none());
+
+    assert!(store.disable_account(&acct.id).await.unwrap());
+    let key = store.get_key(&key_id(1)).await.unwrap().unwrap();
+    assert!(
+        key.revoked_at.is_some(),
+        "a disabled account's key is refused"
+    );
+    assert!(store
+        .get_key(&key_id(2))
+        .await
+        .unwrap()
+        .unwrap()
+        .revoked_at
+        .is_none());
+    assert!(store
+        .touch_session(&[7; 32], now, now + chrono::Duration::hours(1))
+        .await
+        .unwrap()
+        .is_none());
+    let disabled = store.get_account(&acct.id).await.unwrap().unwrap();
+    assert!(disabled.disabled_at.is_some());
+    assert!(!store
+        .disable_account(&AccountId::new_random())
+        .await
+        .unwrap());
+}
+
+async fn only_the_owner_revokes_an_account_key(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let owner = new_account("d@example.com", Role::Customer, free());
+    let other = new_account("e@example.com", Role::Customer, free());
+    store.insert_account(&owner).await.unwrap();
+    store.insert_account(&other).await.unwrap();
+    store
+        .insert_account_key(&owner.id, &account_key(1))
+        .await
+        .unwrap();
+    assert!(!store
+        .revoke_account_key(&other.id, &key_id(1))
+        .await
+        .unwrap());
+    assert!(store
+        .get_key(&key_id(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .revoked_at
+        .is_none());
+    assert!(store.account_keys(&other.id).await.unwrap().is_empty());
+    assert!(store
+        .revoke_account_key(&owner.id, &key_id(1))
+        .await
+        .unwrap());
+    assert!(store
+        .get_key(&key_id(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .revoked_at
+        .is_some());
+}
+
+async fn account_keys_report_their_last_use(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("f@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    store
+        .insert_account_key(&acct.id, &account_key(1))
+        .await
+        .unwrap();
+    store
+        .insert_account_key(&acct.id, &account_key(2))
+        .await
+        .unwrap();
+    store
+        .insert_usage(&[
+            event("r1", &key_id(1), at(2026, 3, 1, 10, 0, 0)),
+            refused("r2", &key_id(1), at(2026, 3, 2, 11, 30, 0)),
+        ])
+        .await
+        .unwrap();
+    let keys = store.account_keys(&acct.id).await.unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0].key.id, key_id(1));
+    assert_eq!(keys[0].last_used, Some(at(2026, 3, 2, 11, 30, 0)));
+    assert_eq!(keys[1].last_used, None);
+    let listing = store.list_accounts().await.unwrap();
+    let mine = listing.iter().find(|l| l.account.id == acct.id).unwrap();
+    assert_eq!(mine.last_activity, Some(at(2026, 3, 2, 11, 30, 0)));
+}
+
+async fn sessions_expire_when_idle_and_are_extended_when_seen(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("g@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    let t0 = at(2026, 5, 1, 12, 0, 0);
+    let minutes = |m: i64| chrono::Duration::minutes(m);
+    store
+        .insert_session(&NewSession {
+            id_hash: vec![1; 32],
+            account_id: acct.id.clone(),
+            csrf_token: "csrf-1".into(),
+            created_at: t0,
+            expires_at: t0 + minutes(10),
+        })
+        .await
+        .unwrap();
+    let seen = store
+        .touch_session(&[1; 32], t0 + minutes(9), t0 + minutes(19))
+        .await
+        .unwrap()
+        .expect("alive at 9 minutes");
+    assert_eq!(seen.account_id, acct.id);
+    assert_eq!(seen.csrf_token, "csrf-1");
+    assert_eq!(seen.expires_at, t0 + minutes(19));
+    // Extended: alive at 18 minutes, past the first expiry.
+    assert!(store
+        .touch_session(&[1; 32], t0 + minutes(18), t0 + minutes(28))
+        .await
+        .unwrap()
+        .is_some());
+    // Idle past its expiry: gone.
+    assert!(store
+        .touch_session(&[1; 32], t0 + minutes(40), t0 + minutes(50))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .touch_session(&[2; 32], t0, t0 + minutes(10))
+        .await
+        .unwrap()
+        .is_none());
+    store.delete_session(&[1; 32]).await.unwrap();
+}
+
+async fn sign_in_failures_are_counted_by_email_address_and_both(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let t0 = at(2026, 6, 1, 8, 0, 0);
+    let minutes = |m: i64| t0 + chrono::Duration::minutes(m);
+    store
+        .record_sign_in_failure("a@x.org", "10.0.0.1", minutes(0))
+        .await
+        .unwrap();
+    store
+        .record_sign_in_failure("a@x.org", "10.0.0.1", minutes(5))
+        .await
+        .unwrap();
+    store
+        .record_sign_in_failure("a@x.org", "10.0.0.2", minutes(6))
+        .await
+        .unwrap();
+    store
+        .record_sign_in_failure("b@x.org", "10.0.0.1", minutes(7))
+        .await
+        .unwrap();
+    let counts = store
+        .sign_in_failures("a@x.org", "10.0.0.1", minutes(-1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (counts.by_email, counts.by_address, counts.by_pair),
+        (3, 3, 2)
+    );
+    assert_eq!(counts.oldest_by_email, Some(minutes(0)));
+    assert_eq!(counts.oldest_by_address, Some(minutes(0)));
+    // Older failures fall out of the window.
+    let later = store
+        .sign_in_failures("a@x.org", "10.0.0.1", minutes(5))
+        .await
+        .unwrap();
+    assert_eq!((later.by_email, later.by_address, later.by_pair), (2, 2, 1));
+    assert_eq!(later.oldest_by_email, Some(minutes(5)));
+    let none = store
+        .sign_in_failures("c@x.org", "10.0.0.9", minutes(-1))
+        .await
+        .unwrap();
+    assert_eq!(none, SignInFailures::default());
+}
+
+async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("h@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    let now = Utc::now();
+    let day_later = now + chrono::Duration::hours(24);
+    store
+        .insert_password_token(&[1; 32], &acct.id, day_later)
+        .await
+        .unwrap();
+    store
+        .insert_password_token(&[2; 32], &acct.id, now - chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.take_password_token(&[1; 32], now).await.unwrap(),
+        Some(acct.id.clone())
+    );
+    assert_eq!(
+        store.take_password_token(&[1; 32], now).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.take_password_token(&[2; 32], now).await.unwrap(),
+        None
+    );
+    let hash = PasswordHash::from_stored("$argon2id$v=19$x".into());
+    assert!(store.set_account_password(&acct.id, &hash).await.unwrap());
+    assert_eq!(
+        store
+            .get_account(&acct.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .password_hash,
+        Some(hash.clone())
+    );
+    assert!(!store
+        .set_account_password(&AccountId::operator(), &hash)
+        .await
+        .unwrap());
 }

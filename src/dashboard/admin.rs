@@ -1,0 +1,464 @@
+//! Admin pages (accounts and plans), the first-password link and sign-up.
+
+use axum::extract::{Path, Query, State};
+use axum::http::header::SET_COOKIE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use chrono::Utc;
+use serde::Deserialize;
+
+use super::error::DashError;
+use super::keys::{key_rows, when};
+use super::pages::{
+    render, AccountPage, AccountRow, AccountsPage, SetPasswordPage, SignupPage, TierOption,
+};
+use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin};
+use super::usage::{daily_usage, usage_view};
+use crate::access::{Account, AccountId, Email, Password, Plan, Role};
+use crate::config::Signup;
+use crate::http::AppState;
+use crate::store::{AccountListing, StoreError, Tier};
+
+/// How long a first-password link stays valid.
+const PASSWORD_LINK_HOURS: i64 = 24;
+
+fn account_row(listing: &AccountListing, state: &AppState) -> AccountRow {
+    let a = &listing.account;
+    AccountRow {
+        id: a.id.to_string(),
+        email: a.email.to_string(),
+        role: a.role.to_string(),
+        plan: a.plan.tier().to_string(),
+        rpm: a.plan.rpm(&state.plans),
+        last_activity: listing
+            .last_activity
+            .map_or_else(|| "never".to_owned(), when),
+        status: if a.is_disabled() {
+            "disabled"
+        } else {
+            "active"
+        },
+    }
+}
+
+fn tier_options(selected: Tier) -> Vec<TierOption> {
+    Tier::ALL
+        .into_iter()
+        .map(|t| TierOption {
+            value: t.as_str(),
+            selected: t == selected,
+        })
+        .collect()
+}
+
+/// A plan from a form's `tier` and optional `rpm`, with a message naming
+/// what to fix.
+fn plan_from_form(tier: &str, rpm: &str) -> Result<Plan, String> {
+    let tier: Tier = tier.parse()?;
+    let rpm = match rpm.trim() {
+        "" => None,
+        text => Some(
+            text.parse::<u32>()
+                .map_err(|_| format!("requests per minute must be a whole number, not {text:?}"))?,
+        ),
+    };
+    Plan::new(tier, rpm).map_err(|e| e.to_string())
+}
+
+struct Created {
+    email: String,
+    password_link: Option<String>,
+}
+
+async fn accounts_page(
+    state: &AppState,
+    admin: &Admin,
+    status: StatusCode,
+    error: Option<String>,
+    created: Option<Created>,
+) -> Result<Response, DashError> {
+    let listings = state.store.list_accounts().await?;
+    let (created_email, password_link) = match created {
+        Some(c) => (Some(c.email), c.password_link),
+        None => (None, None),
+    };
+    let page = AccountsPage {
+        nav: admin.0.nav(),
+        csrf_token: admin.0.csrf_token.clone(),
+        rows: listings.iter().map(|l| account_row(l, state)).collect(),
+        tiers: tier_options(Tier::Free),
+        rpm_value: String::new(),
+        error,
+        created_email,
+        password_link,
+    };
+    Ok((status, render(&page)).into_response())
+}
+
+pub async fn accounts(State(state): State<AppState>, admin: Admin) -> Result<Response, DashError> {
+    accounts_page(&state, &admin, StatusCode::OK, None, None).await
+}
+
+#[derive(Deserialize)]
+pub struct CreateAccountForm {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    tier: String,
+    #[serde(default)]
+    rpm: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+struct NewAccountInput {
+    email: Email,
+    role: Role,
+    plan: Plan,
+    password: Option<Password>,
+}
+
+fn parse_new_account(form: CreateAccountForm) -> Result<NewAccountInput, String> {
+    let email = Email::parse(&form.email).map_err(|e| e.to_string())?;
+    let role: Role = form.role.parse()?;
+    let plan = plan_from_form(&form.tier, &form.rpm)?;
+    let password = match form.password.is_empty() {
+        true => None,
+        false => Some(Password::new(form.password).map_err(|e| e.to_string())?),
+    };
+    Ok(NewAccountInput {
+        email,
+        role,
+        plan,
+        password,
+    })
+}
+
+/// Stores a new account; `Ok(Err(message))` when the address is taken.
+async fn insert_new_account(
+    state: &AppState,
+    email: Email,
+    role: Role,
+    plan: Plan,
+    password: Option<Password>,
+) -> Result<Result<Account, String>, DashError> {
+    let hash = match password {
+        Some(p) => Some(
+            tokio::task::spawn_blocking(move || p.hash())
+                .await
+                .map_err(|e| DashError::Internal(format!("password hash: {e}")))?,
+        ),
+        None => None,
+    };
+    let account = Account::new(email, role, plan, hash);
+    match state.store.insert_account(&account).await {
+        Ok(()) => Ok(Ok(account)),
+        Err(StoreError::Conflict(_)) => Ok(Err(format!(
+            "An account with e-mail {} already exists.",
+            account.email
+        ))),
+        Err(other) => Err(other.into()),
+    }
+}
+
+pub async fn create_account(
+    State(state): State<AppState>,
+    admin: Admin,
+    Form(form): Form<CreateAccountForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let input = match parse_new_account(form) {
+        Ok(input) => input,
+        Err(message) => {
+            return accounts_page(&state, &admin, StatusCode::BAD_REQUEST, Some(message), None)
+                .await
+        }
+    };
+    let wants_link = input.password.is_none();
+    let account =
+        match insert_new_account(&state, input.email, input.role, input.plan, input.password)
+            .await?
+        {
+            Ok(account) => account,
+            Err(message) => {
+                return accounts_page(&state, &admin, StatusCode::CONFLICT, Some(message), None)
+                    .await
+            }
+        };
+    tracing::info!(admin = %admin.0.account.id, account = %account.id, "account created in the dashboard");
+    let password_link = if wants_link {
+        let token = random_token();
+        let expires = Utc::now() + chrono::Duration::hours(PASSWORD_LINK_HOURS);
+        state
+            .store
+            .insert_password_token(&token_hash(&token), &account.id, expires)
+            .await?;
+        Some(format!("/dashboard/set-password?token={token}"))
+    } else {
+        None
+    };
+    let created = Created {
+        email: account.email.to_string(),
+        password_link,
+    };
+    accounts_page(&state, &admin, StatusCode::OK, None, Some(created)).await
+}
+
+async fn target_account(state: &AppState, id: &str) -> Result<AccountListing, DashError> {
+    let id = AccountId::parse(id).ok_or(DashError::NotFound)?;
+    state
+        .store
+        .list_accounts()
+        .await?
+        .into_iter()
+        .find(|l| l.account.id == id)
+        .ok_or(DashError::NotFound)
+}
+
+async fn account_page(
+    state: &AppState,
+    admin: &Admin,
+    id: &str,
+    status: StatusCode,
+    error: Option<String>,
+) -> Result<Response, DashError> {
+    let listing = target_account(state, id).await?;
+    let account = &listing.account;
+    let days = daily_usage(state, &account.id, None).await?;
+    let page = AccountPage {
+        nav: admin.0.nav(),
+        csrf_token: admin.0.csrf_token.clone(),
+        keys: key_rows(state, &account.id).await?,
+        revocable: false,
+        usage: usage_view(days),
+        tiers: tier_options(account.plan.tier()),
+        rpm_value: account
+            .plan
+            .custom_rpm()
+            .map(|r| r.to_string())
+            .unwrap_or_default(),
+        is_operator: account.id.is_operator(),
+        disabled: account.is_disabled(),
+        error,
+        account: account_row(&listing, state),
+    };
+    Ok((status, render(&page)).into_response())
+}
+
+pub async fn account(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Response, DashError> {
+    account_page(&state, &admin, &id, StatusCode::OK, None).await
+}
+
+#[derive(Deserialize)]
+pub struct PlanForm {
+    #[serde(default)]
+    tier: String,
+    #[serde(default)]
+    rpm: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+pub async fn set_plan(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(id): Path<String>,
+    Form(form): Form<PlanForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let account_id = AccountId::parse(&id).ok_or(DashError::NotFound)?;
+    let plan = match plan_from_form(&form.tier, &form.rpm) {
+        Ok(plan) => plan,
+        Err(message) => {
+            return account_page(&state, &admin, &id, StatusCode::BAD_REQUEST, Some(message)).await
+        }
+    };
+    if !state.store.set_account_plan(&account_id, plan).await? {
+        return Err(DashError::NotFound);
+    }
+    tracing::info!(admin = %admin.0.account.id, account = %account_id, tier = %plan.tier(), "plan set in the dashboard");
+    Ok(Redirect::to(&format!("/dashboard/admin/accounts/{account_id}")).into_response())
+}
+
+pub async fn disable(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(id): Path<String>,
+    Form(form): Form<super::session::CsrfForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let account_id = AccountId::parse(&id).ok_or(DashError::NotFound)?;
+    if account_id.is_operator() || !state.store.disable_account(&account_id).await? {
+        return Err(DashError::NotFound);
+    }
+    tracing::info!(admin = %admin.0.account.id, account = %account_id, "account disabled in the dashboard");
+    Ok(Redirect::to(&format!("/dashboard/admin/accounts/{account_id}")).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct TokenQuery {
+    #[serde(default)]
+    token: String,
+}
+
+fn set_password_form(
+    state: &AppState,
+    status: StatusCode,
+    token: String,
+    error: Option<String>,
+) -> Response {
+    let (csrf_token, cookie) = new_form_token(state);
+    let page = SetPasswordPage {
+        nav: None,
+        token,
+        csrf_token,
+        error,
+    };
+    (status, [(SET_COOKIE, cookie)], render(&page)).into_response()
+}
+
+pub async fn set_password_page(
+    State(state): State<AppState>,
+    Query(query): Query<TokenQuery>,
+) -> Response {
+    set_password_form(&state, StatusCode::OK, query.token, None)
+}
+
+#[derive(Deserialize)]
+pub struct SetPasswordForm {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+pub async fn set_password(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<SetPasswordForm>,
+) -> Result<Response, DashError> {
+    check_form_token(&headers, &form.csrf_token)?;
+    // Checked before the token is used up, so a short password costs nothing.
+    let password = match Password::new(form.password) {
+        Ok(p) => p,
+        Err(e) => {
+            return Ok(set_password_form(
+                &state,
+                StatusCode::BAD_REQUEST,
+                form.token,
+                Some(e.to_string()),
+            ))
+        }
+    };
+    let account = state
+        .store
+        .take_password_token(&token_hash(&form.token), Utc::now())
+        .await?;
+    let Some(account) = account else {
+        return Ok(set_password_form(
+            &state,
+            StatusCode::BAD_REQUEST,
+            String::new(),
+            Some(
+                "This link is not valid: it has expired or was used already. Ask for a new one."
+                    .into(),
+            ),
+        ));
+    };
+    let hash = tokio::task::spawn_blocking(move || password.hash())
+        .await
+        .map_err(|e| DashError::Internal(format!("password hash: {e}")))?;
+    state.store.set_account_password(&account, &hash).await?;
+    tracing::info!(account = %account, "password set through a one-time link");
+    Ok(Redirect::to("/dashboard/login").into_response())
+}
+
+fn signup_form(
+    state: &AppState,
+    status: StatusCode,
+    email: String,
+    error: Option<String>,
+) -> Response {
+    let (csrf_token, cookie) = new_form_token(state);
+    let page = SignupPage {
+        nav: None,
+        csrf_token,
+        email,
+        error,
+    };
+    (status, [(SET_COOKIE, cookie)], render(&page)).into_response()
+}
+
+fn signup_open(state: &AppState) -> Result<(), DashError> {
+    match state.dashboard.signup {
+        Signup::Open => Ok(()),
+        Signup::Closed => Err(DashError::NotFound),
+    }
+}
+
+pub async fn signup_page(State(state): State<AppState>) -> Result<Response, DashError> {
+    signup_open(&state)?;
+    Ok(signup_form(&state, StatusCode::OK, String::new(), None))
+}
+
+#[derive(Deserialize)]
+pub struct SignupForm {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// Creates a customer account on the free plan, then sends to sign-in.
+pub async fn signup(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<SignupForm>,
+) -> Result<Response, DashError> {
+    signup_open(&state)?;
+    check_form_token(&headers, &form.csrf_token)?;
+    let parsed = Email::parse(&form.email)
+        .map_err(|e| e.to_string())
+        .and_then(|email| {
+            Password::new(form.password)
+                .map(|p| (email, p))
+                .map_err(|e| e.to_string())
+        });
+    let (email, password) = match parsed {
+        Ok(v) => v,
+        Err(message) => {
+            return Ok(signup_form(
+                &state,
+                StatusCode::BAD_REQUEST,
+                form.email,
+                Some(message),
+            ))
+        }
+    };
+    let plan = Plan::new(Tier::Free, None).expect("the free plan needs no limit");
+    match insert_new_account(&state, email, Role::Customer, plan, Some(password)).await? {
+        Ok(account) => {
+            tracing::info!(account = %account.id, "account created by sign-up");
+            Ok(Redirect::to("/dashboard/login").into_response())
+        }
+        Err(message) => Ok(signup_form(
+            &state,
+            StatusCode::CONFLICT,
+            form.email,
+            Some(message),
+        )),
+    }
+}

@@ -1,0 +1,164 @@
+//! A customer's own keys and plan.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::error::DashError;
+use super::pages::{render, KeyRow, KeysPage, NewKeyView, PlanPage, RevokePage};
+use super::session::{CsrfForm, SignedIn};
+use crate::access::plan::effective_rpm;
+use crate::access::AccountId;
+use crate::config::Plans;
+use crate::http::AppState;
+use crate::store::{AccountKey, KeyId, NewAccountKey};
+
+const MAX_KEY_NAME_CHARS: usize = 100;
+
+/// How the pages print a time: to the minute, UTC.
+pub fn when(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+pub fn key_row(key: &AccountKey, plans: &Plans) -> KeyRow {
+    let k = &key.key;
+    KeyRow {
+        id: k.id.to_string(),
+        name: k.name.clone(),
+        plan: k.tier.to_string(),
+        rpm: effective_rpm(k.tier, k.custom_rpm, plans),
+        created: when(k.created_at),
+        last_used: key.last_used.map_or_else(|| "never".to_owned(), when),
+        active: k.revoked_at.is_none(),
+    }
+}
+
+pub async fn key_rows(state: &AppState, account: &AccountId) -> Result<Vec<KeyRow>, DashError> {
+    let keys = state.store.account_keys(account).await?;
+    Ok(keys.iter().map(|k| key_row(k, &state.plans)).collect())
+}
+
+async fn keys_page(
+    state: &AppState,
+    user: &SignedIn,
+    status: StatusCode,
+    new_key: Option<NewKeyView>,
+    error: Option<String>,
+) -> Result<Response, DashError> {
+    let page = KeysPage {
+        nav: user.nav(),
+        csrf_token: user.csrf_token.clone(),
+        keys: key_rows(state, &user.account.id).await?,
+        revocable: true,
+        new_key,
+        error,
+    };
+    Ok((status, render(&page)).into_response())
+}
+
+pub async fn list(State(state): State<AppState>, user: SignedIn) -> Result<Response, DashError> {
+    keys_page(&state, &user, StatusCode::OK, None, None).await
+}
+
+#[derive(Deserialize)]
+pub struct CreateKeyForm {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// Makes a key exactly as `moderato keys create` does, owned by the account
+/// and on its plan, and shows its secret this once.
+pub async fn create(
+    State(state): State<AppState>,
+    user: SignedIn,
+    Form(form): Form<CreateKeyForm>,
+) -> Result<Response, DashError> {
+    user.check_csrf(&form.csrf_token)?;
+    let name = form.name.trim();
+    if name.is_empty() || name.chars().count() > MAX_KEY_NAME_CHARS {
+        let error = format!("Give the key a name of 1 to {MAX_KEY_NAME_CHARS} characters.");
+        return keys_page(&state, &user, StatusCode::BAD_REQUEST, None, Some(error)).await;
+    }
+    let new = crate::keys::generate(&state.pepper);
+    state
+        .store
+        .insert_account_key(
+            &user.account.id,
+            &NewAccountKey {
+                id: new.id.clone(),
+                name: name.to_owned(),
+                secret_hash: new.secret_hash,
+                created_at: Utc::now(),
+            },
+        )
+        .await?;
+    tracing::info!(account = %user.account.id, key = %new.id, "key created in the dashboard");
+    let shown = NewKeyView {
+        id: new.id.to_string(),
+        secret: new.full_key,
+    };
+    keys_page(&state, &user, StatusCode::OK, Some(shown), None).await
+}
+
+/// The account's key `id`, or 404 (also for another account's key).
+async fn own_key(state: &AppState, user: &SignedIn, id: &str) -> Result<KeyRow, DashError> {
+    let id = KeyId::parse(id).ok_or(DashError::NotFound)?;
+    state
+        .store
+        .account_keys(&user.account.id)
+        .await?
+        .iter()
+        .find(|k| k.key.id == id)
+        .map(|k| key_row(k, &state.plans))
+        .ok_or(DashError::NotFound)
+}
+
+pub async fn confirm_revoke(
+    State(state): State<AppState>,
+    user: SignedIn,
+    Path(id): Path<String>,
+) -> Result<Response, DashError> {
+    let key = own_key(&state, &user, &id).await?;
+    let page = RevokePage {
+        nav: user.nav(),
+        csrf_token: user.csrf_token.clone(),
+        key,
+    };
+    Ok(render(&page))
+}
+
+pub async fn revoke(
+    State(state): State<AppState>,
+    user: SignedIn,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, DashError> {
+    user.check_csrf(&form.csrf_token)?;
+    let id = KeyId::parse(&id).ok_or(DashError::NotFound)?;
+    if !state
+        .store
+        .revoke_account_key(&user.account.id, &id)
+        .await?
+    {
+        return Err(DashError::NotFound);
+    }
+    tracing::info!(account = %user.account.id, key = %id, "key revoked in the dashboard");
+    Ok(Redirect::to("/dashboard/keys").into_response())
+}
+
+pub async fn plan(State(state): State<AppState>, user: SignedIn) -> Result<Response, DashError> {
+    let plan = user.account.plan;
+    let page = PlanPage {
+        nav: user.nav(),
+        tier: plan.tier().to_string(),
+        rpm: plan.rpm(&state.plans),
+        custom_rpm: plan.custom_rpm().is_some(),
+        chars_per_minute: state.budget.chars_per_minute.of(plan.tier()),
+    };
+    Ok(render(&page))
+}

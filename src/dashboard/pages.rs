@@ -1,0 +1,191 @@
+//! The page templates (`templates/dashboard/`) and the plain view models
+//! they show: handlers turn store records into these, templates only print.
+
+use askama::Template;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+
+/// Renders a page; a template error (a bug) becomes a logged 500.
+pub fn render(page: &impl Template) -> Response {
+    match page.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "rendering a dashboard page failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }
+    }
+}
+
+/// The header of a signed-in page.
+pub struct Nav {
+    pub email: String,
+    pub is_admin: bool,
+    pub csrf_token: String,
+}
+
+pub struct KeyRow {
+    pub id: String,
+    pub name: String,
+    pub plan: String,
+    pub rpm: u32,
+    pub created: String,
+    pub last_used: String,
+    pub active: bool,
+}
+
+impl KeyRow {
+    pub fn status(&self) -> &'static str {
+        if self.active {
+            "active"
+        } else {
+            "revoked"
+        }
+    }
+}
+
+/// A key shown once, right after it was made.
+pub struct NewKeyView {
+    pub id: String,
+    pub secret: String,
+}
+
+pub struct UsageDay {
+    pub day: String,
+    pub requests: u64,
+    pub items: u64,
+    pub rate_limited: u64,
+}
+
+/// The chart and table of 30 days, shared by the usage and account pages.
+pub struct UsageView {
+    pub chart_svg: String,
+    pub days: Vec<UsageDay>,
+    pub total_requests: u64,
+    pub total_items: u64,
+    pub total_rate_limited: u64,
+}
+
+pub struct KeyChoice {
+    pub href: String,
+    pub label: String,
+    pub current: bool,
+}
+
+pub struct AccountRow {
+    pub id: String,
+    pub email: String,
+    pub role: String,
+    pub plan: String,
+    pub rpm: u32,
+    pub last_activity: String,
+    pub status: &'static str,
+}
+
+pub struct TierOption {
+    pub value: &'static str,
+    pub selected: bool,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/error.html")]
+pub struct ErrorPage {
+    pub nav: Option<Nav>,
+    pub title: String,
+    pub message: String,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/login.html")]
+pub struct LoginPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub email: String,
+    pub error: Option<String>,
+    pub signup_open: bool,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/keys.html")]
+pub struct KeysPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub keys: Vec<KeyRow>,
+    /// Whether rows get a revoke link (the owner's page).
+    pub revocable: bool,
+    pub new_key: Option<NewKeyView>,
+    pub error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/revoke.html")]
+pub struct RevokePage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub key: KeyRow,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/usage.html")]
+pub struct UsagePage {
+    pub nav: Option<Nav>,
+    pub usage: UsageView,
+    pub choices: Vec<KeyChoice>,
+    pub csv_href: String,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/plan.html")]
+pub struct PlanPage {
+    pub nav: Option<Nav>,
+    pub tier: String,
+    pub rpm: u32,
+    pub custom_rpm: bool,
+    pub chars_per_minute: u32,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/admin_accounts.html")]
+pub struct AccountsPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub rows: Vec<AccountRow>,
+    pub tiers: Vec<TierOption>,
+    pub error: Option<String>,
+    pub rpm_value: String,
+    pub created_email: Option<String>,
+    pub password_link: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/admin_account.html")]
+pub struct AccountPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub account: AccountRow,
+    pub keys: Vec<KeyRow>,
+    pub revocable: bool,
+    pub usage: UsageView,
+    pub tiers: Vec<TierOption>,
+    pub rpm_value: String,
+    pub is_operator: bool,
+    pub disabled: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/set_password.html")]
+pub struct SetPasswordPage {
+    pub nav: Option<Nav>,
+    pub token: String,
+    pub csrf_token: String,
+    pub error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/signup.html")]
+pub struct SignupPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub email: String,
+    pub error: Option<String>,
+}
