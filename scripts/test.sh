@@ -26,4 +26,11 @@ if ! "${PYTHON:-python3}" -c 'import openai' 2>/dev/null; then
   exit 1
 fi
 
+chromedriver="${CHROMEDRIVER:-/usr/bin/chromedriver}"
+if [[ ! -x "$chromedriver" || ! -x "${CHROME_BIN:-/usr/bin/chromium}" ]]; then
+  echo "Chromium or chromedriver is missing (the browser tests drive the dashboard with them):" >&2
+  echo "  apt-get install -y chromium chromium-driver   (or set CHROMEDRIVER and CHROME_BIN)" >&2
+  exit 1
+fi
+
 cargo test --workspace --all-targets "$@"

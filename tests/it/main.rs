@@ -2,10 +2,14 @@
 //! HTTP, against SQLite and PostgreSQL (and Redis where limits are shared).
 
 mod child;
+mod dash_client;
 mod helpers;
+mod webdriver;
 
 mod api;
+mod browser;
 mod budget;
+mod dashboard;
 mod edge;
 mod images;
 mod journal;

@@ -1,0 +1,184 @@
+//! The dashboard in headless Chromium, as its users see it: a customer signs
+//! in, makes a key, uses it, finds the request in the usage chart and table,
+//! and revokes the key; an admin changes a customer's plan. Every page is
+//! saved as a screenshot (see `webdriver::screenshot_dir`).
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use moderato::config::{ImageClassifierKind, TextClassifierKind};
+
+use crate::dash_client::*;
+use crate::helpers::*;
+use crate::webdriver::Browser;
+
+fn quick(config: &mut moderato::config::Config) {
+    config.text_classifier = TextClassifierKind::Lexical;
+    config.image_classifier = ImageClassifierKind::None;
+}
+
+async fn sign_in(browser: &Browser, email: &str, password: &str) {
+    browser.goto("/dashboard/login").await;
+    browser.fill(r#"input[name="email"]"#, email).await;
+    browser.fill(r#"input[name="password"]"#, password).await;
+    browser.click(r#"[data-testid="sign-in"]"#).await;
+    browser.wait_for_path("/dashboard/keys").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn customer_makes_uses_watches_and_revokes_a_key() {
+    let app = spawn_app_with(Backend::Sqlite, quick).await;
+    create_account(&app, "alice@example.com", "customer", &["--tier", "basic"]);
+    let browser = Browser::start(&app.base).await;
+
+    browser.goto("/dashboard/login").await;
+    browser.screenshot("login").await;
+    sign_in(&browser, "alice@example.com", PASSWORD).await;
+
+    // A new key, shown once.
+    browser.fill(r#"input[name="name"]"#, "production").await;
+    browser.click(r#"[data-testid="create-key"]"#).await;
+    let secret = browser.text(r#"[data-testid="new-key"]"#).await;
+    assert!(secret.starts_with("mdr_"), "new key shown as {secret:?}");
+    assert!(browser.exists(r#"[data-testid="copy-key"]"#).await);
+    let id = key_id_of(&secret);
+    let row = format!(r#"tr[data-key-id="{id}"]"#);
+    assert_eq!(
+        browser.text(&format!(r#"{row} [data-col="status"]"#)).await,
+        "active"
+    );
+    assert_eq!(
+        browser.text(&format!(r#"{row} [data-col="plan"]"#)).await,
+        "basic"
+    );
+    browser.screenshot("keys-new-key").await;
+
+    // The key works on the API.
+    let response = app
+        .moderate_text(&secret, "hello from the browser test")
+        .await;
+    assert_eq!(response.status(), 200);
+
+    // The request appears in the usage chart and table once stored.
+    let today = Utc::now().format("%Y-%m-%d").to_string();
+    let requests_today =
+        format!(r#"[data-testid="usage-table"] tr[data-day="{today}"] [data-col="requests"]"#);
+    browser.goto("/dashboard/usage").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if browser.exists(&requests_today).await && browser.text(&requests_today).await == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the request did not show in the usage table within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        browser.client.refresh().await.expect("reload");
+    }
+    let chart = browser.find(r#"svg[data-testid="usage-chart"]"#).await;
+    let label = chart
+        .attr("aria-label")
+        .await
+        .expect("aria-label")
+        .unwrap_or_default();
+    assert!(
+        !label.is_empty(),
+        "the chart is labelled for screen readers"
+    );
+    // The chart draws something for today's request (a bar or point).
+    let marks = browser
+        .client
+        .find_all(fantoccini::Locator::Css(
+            r#"svg[data-testid="usage-chart"] rect, svg[data-testid="usage-chart"] path, svg[data-testid="usage-chart"] circle, svg[data-testid="usage-chart"] polyline"#,
+        ))
+        .await
+        .expect("chart marks");
+    assert!(!marks.is_empty(), "an empty chart");
+    browser.screenshot("usage").await;
+
+    browser.goto("/dashboard/plan").await;
+    let plan = browser.text("body").await;
+    assert!(
+        plan.contains("basic") && plan.contains("60"),
+        "plan page: {plan}"
+    );
+    browser.screenshot("plan").await;
+
+    // Revoke through the confirmation page.
+    browser.goto("/dashboard/keys").await;
+    browser
+        .click(&format!(r#"{row} [data-testid="revoke-key"]"#))
+        .await;
+    browser
+        .wait_for_path(&format!("/dashboard/keys/{id}/revoke"))
+        .await;
+    browser.find(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.screenshot("revoke-confirm").await;
+    browser.click(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.wait_for_path("/dashboard/keys").await;
+    until_api_answers(&app, &secret, 401, Duration::from_secs(1)).await;
+    assert_eq!(
+        browser.text(&format!(r#"{row} [data-col="status"]"#)).await,
+        "revoked"
+    );
+    browser.screenshot("keys-revoked").await;
+
+    // Signed out, the pages are closed.
+    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+    browser.goto("/dashboard/keys").await;
+    assert!(
+        browser.path().await.starts_with("/dashboard/login")
+            || browser.exists(r#"input[name="password"]"#).await,
+        "the keys page after signing out"
+    );
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_a_customers_plan() {
+    let app = spawn_app_with(Backend::Postgres, quick).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    let customer = create_account(&app, "bob@example.com", "customer", &["--tier", "free"]);
+    let customer_id = customer["id"].as_str().expect("id").to_string();
+    let mut bob = Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+    let (_, bob_key) = bob.create_key("bob's").await;
+    let before = app.moderate_text(&bob_key, "hello").await;
+    assert_eq!(before.headers()["x-ratelimit-limit"], "10");
+
+    let browser = Browser::start(&app.base).await;
+    sign_in(&browser, "root@example.com", PASSWORD).await;
+    browser.goto("/dashboard/admin/accounts").await;
+    let row = r#"tr[data-account-email="bob@example.com"]"#;
+    browser.find(row).await;
+    browser.screenshot("admin-accounts").await;
+    browser
+        .click(&format!(
+            r#"{row} a[href="/dashboard/admin/accounts/{customer_id}"]"#
+        ))
+        .await;
+    let account_path = format!("/dashboard/admin/accounts/{customer_id}");
+    browser.wait_for_path(&account_path).await;
+    browser.screenshot("admin-account").await;
+
+    let tier = browser.find(r#"select[name="tier"]"#).await;
+    tier.select_by_value("pro").await.expect("choose pro");
+    browser.click(r#"[data-testid="set-plan"]"#).await;
+    browser.wait_for_path(&account_path).await;
+
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let response = app.moderate_text(&bob_key, "hello").await;
+        if response.headers()["x-ratelimit-limit"] == "300" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the customer's key still answers with limit {:?} a second after the change",
+            response.headers()["x-ratelimit-limit"]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser.close().await;
+}
