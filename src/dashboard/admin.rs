@@ -329,8 +329,28 @@ fn set_password_form(
 pub async fn set_password_page(
     State(state): State<AppState>,
     Query(query): Query<TokenQuery>,
-) -> Response {
-    set_password_form(&state, StatusCode::OK, query.token, None)
+) -> Result<Response, DashError> {
+    let valid = state
+        .store
+        .password_token_account(&token_hash(&query.token), Utc::now())
+        .await?
+        .is_some();
+    if !valid {
+        return Ok(invalid_link_page(&state));
+    }
+    Ok(set_password_form(&state, StatusCode::OK, query.token, None))
+}
+
+/// A used, expired or unknown link: the message, and no form to fill in.
+fn invalid_link_page(state: &AppState) -> Response {
+    set_password_form(
+        state,
+        StatusCode::BAD_REQUEST,
+        String::new(),
+        Some(
+            "This link is not valid: it has expired or was used already. Ask for a new one.".into(),
+        ),
+    )
 }
 
 #[derive(Deserialize)]
@@ -346,9 +366,15 @@ pub struct SetPasswordForm {
 pub async fn set_password(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Form(form): Form<SetPasswordForm>,
+    Query(query): Query<TokenQuery>,
+    Form(mut form): Form<SetPasswordForm>,
 ) -> Result<Response, DashError> {
     check_form_token(&headers, &form.csrf_token)?;
+    // The page's form carries the token in a hidden field; a client that
+    // posts back to the link itself carries it in the query.
+    if form.token.is_empty() {
+        form.token = query.token;
+    }
     // Checked before the token is used up, so a short password costs nothing.
     let password = match Password::new(form.password) {
         Ok(p) => p,
@@ -366,15 +392,7 @@ pub async fn set_password(
         .take_password_token(&token_hash(&form.token), Utc::now())
         .await?;
     let Some(account) = account else {
-        return Ok(set_password_form(
-            &state,
-            StatusCode::BAD_REQUEST,
-            String::new(),
-            Some(
-                "This link is not valid: it has expired or was used already. Ask for a new one."
-                    .into(),
-            ),
-        ));
+        return Ok(invalid_link_page(&state));
     };
     let hash = tokio::task::spawn_blocking(move || password.hash())
         .await

@@ -360,6 +360,13 @@ pub trait Store: Send + Sync + 'static {
         account: &AccountId,
         expires_at: DateTime<Utc>,
     ) -> Result<(), StoreError>;
+    /// The token's account if it exists and has not expired, without
+    /// consuming it (the form is shown only for a link that still works).
+    async fn password_token_account(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError>;
     /// Consumes the token: its account if it existed and had not expired.
     async fn take_password_token(
         &self,

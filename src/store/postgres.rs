@@ -550,6 +550,26 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn password_token_account(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError> {
+        let row =
+            sqlx::query("SELECT account_id, expires_at FROM password_tokens WHERE token_hash = $1")
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_sqlx)?;
+        let Some(row) = row else { return Ok(None) };
+        let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(map_sqlx)?;
+        if expires_at <= now {
+            return Ok(None);
+        }
+        let account: String = row.try_get("account_id").map_err(map_sqlx)?;
+        parse_account_id(&account).map(Some)
+    }
+
     async fn take_password_token(
         &self,
         token_hash: &[u8],

@@ -670,6 +670,26 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn password_token_account(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError> {
+        let row =
+            sqlx::query("SELECT account_id, expires_at FROM password_tokens WHERE token_hash = ?")
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_sqlx)?;
+        let Some(row) = row else { return Ok(None) };
+        let expires_at: &str = row.try_get("expires_at").map_err(map_sqlx)?;
+        if parse_timestamp(expires_at)? <= now {
+            return Ok(None);
+        }
+        let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
+        parse_account_id(account).map(Some)
+    }
+
     async fn take_password_token(
         &self,
         token_hash: &[u8],
