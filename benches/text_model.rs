@@ -17,6 +17,16 @@ use moderato::moderation::text_model::EmbeddingClassifier;
 use moderato::moderation::{Deadline, TextClassifier};
 
 fn load() -> EmbeddingClassifier {
+    // The service's setting, so that an AVX-512 machine can measure the AVX2
+    // kernel most servers run: MODERATO_TEXT_MODEL__CPU_KERNEL=avx2.
+    let limit = match std::env::var("MODERATO_TEXT_MODEL__CPU_KERNEL").as_deref() {
+        Ok("avx2") => int8_matmul::KernelLimit::Avx2,
+        Ok("portable") => int8_matmul::KernelLimit::Portable,
+        Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
+        Ok(other) => panic!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable"),
+    };
+    int8_matmul::limit_kernel(limit).expect("the first model of the process");
+    eprintln!("int8 kernel: {}", int8_matmul::kernel_name());
     let dir = std::env::var_os("MODERATO_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));

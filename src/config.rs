@@ -108,6 +108,29 @@ pub struct Config {
 pub struct TextModelConfig {
     /// Window embeddings kept across requests (0: no cache).
     pub embedding_cache_entries: usize,
+    /// The widest instructions the encoder's 8-bit kernels may use.
+    pub cpu_kernel: CpuKernel,
+}
+
+/// `text_model.cpu_kernel`: every kernel gives the same embeddings, so this
+/// changes speed only. `avx2` lets a machine with AVX-512 measure (or run)
+/// what machines without it run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuKernel {
+    Auto,
+    Avx2,
+    Portable,
+}
+
+impl CpuKernel {
+    pub fn limit(self) -> int8_matmul::KernelLimit {
+        match self {
+            CpuKernel::Auto => int8_matmul::KernelLimit::Auto,
+            CpuKernel::Avx2 => int8_matmul::KernelLimit::Avx2,
+            CpuKernel::Portable => int8_matmul::KernelLimit::Portable,
+        }
+    }
 }
 
 /// About 1.6 KB an entry: the cap keeps a typo from claiming gigabytes.

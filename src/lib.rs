@@ -161,6 +161,7 @@ fn load_signer(config: &Config) -> anyhow::Result<Arc<signing::ResponseSigner>> 
 /// for the life of the process, so that several apps in one process (the
 /// tests) share them.
 pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
+    choose_cpu_kernel(config.text_model.cpu_kernel);
     let text = text_classifier(
         config.text_classifier,
         &config.models_dir,
@@ -189,6 +190,19 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         vision,
         budget: engine_budget(&config.budget),
     }))
+}
+
+/// Applies `text_model.cpu_kernel` before the first model is quantised. The
+/// choice is process-wide and made once; a second app in the same process
+/// (the tests) asking for another keeps the first and says so.
+fn choose_cpu_kernel(kernel: config::CpuKernel) {
+    if int8_matmul::limit_kernel(kernel.limit()).is_err() {
+        tracing::warn!(
+            requested = ?kernel,
+            "text_model.cpu_kernel: the kernels were already chosen in this process; keeping them"
+        );
+    }
+    tracing::info!(kernel = int8_matmul::kernel_name(), "text encoder CPU kernel");
 }
 
 fn engine_budget(budget: &config::BudgetConfig) -> moderation::engine::EngineBudget {

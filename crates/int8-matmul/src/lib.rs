@@ -35,22 +35,78 @@ enum Kernel {
     Vnni,
 }
 
+/// The widest instructions the kernels may use. The kernels give the same
+/// bits, so a limit changes only speed: it lets a benchmark on a machine
+/// with AVX-512 measure the AVX2 kernel that most servers run, and lets an
+/// operator rule out an instruction set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelLimit {
+    /// The best kernel the CPU can run.
+    Auto,
+    /// At most AVX2 (no AVX-512 VNNI).
+    Avx2,
+    /// The portable loops only (no AVX2 anywhere).
+    Portable,
+}
+
+/// Returned by [`limit_kernel`] when the kernels were already chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlreadyChosen;
+
+static LIMIT: OnceLock<KernelLimit> = OnceLock::new();
+
+/// Sets the widest kernel for the whole process. Call it before the first
+/// matrix is quantised: the choice is made once, at that point, and a later
+/// call that would change it fails.
+pub fn limit_kernel(limit: KernelLimit) -> Result<(), AlreadyChosen> {
+    match LIMIT.set(limit) {
+        Ok(()) => Ok(()),
+        Err(_) if LIMIT.get() == Some(&limit) => Ok(()),
+        Err(_) => Err(AlreadyChosen),
+    }
+}
+
+/// The kernel in use, by name (`portable`, `avx2`, `vnni`), for logs and
+/// benchmark reports.
+pub fn kernel_name() -> &'static str {
+    match Kernel::detect() {
+        Kernel::Portable => "portable",
+        Kernel::Avx2 => "avx2",
+        Kernel::Vnni => "vnni",
+    }
+}
+
+fn limit() -> KernelLimit {
+    *LIMIT.get_or_init(|| KernelLimit::Auto)
+}
+
 impl Kernel {
+    /// The best kernel the CPU can run within the process's limit.
     fn detect() -> Kernel {
         static DETECTED: OnceLock<Kernel> = OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::is_x86_feature_detected as has;
-                if has!("avx2") && has!("fma") {
-                    if has!("avx512vnni") && has!("avx512vl") {
-                        return Kernel::Vnni;
-                    }
-                    return Kernel::Avx2;
+        *DETECTED.get_or_init(|| Kernel::best_of_cpu().within(limit()))
+    }
+
+    fn best_of_cpu() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                if has!("avx512vnni") && has!("avx512vl") {
+                    return Kernel::Vnni;
                 }
+                return Kernel::Avx2;
             }
-            Kernel::Portable
-        })
+        }
+        Kernel::Portable
+    }
+
+    fn within(self, limit: KernelLimit) -> Kernel {
+        match (self, limit) {
+            (_, KernelLimit::Portable) => Kernel::Portable,
+            (Kernel::Vnni, KernelLimit::Avx2) => Kernel::Avx2,
+            (kernel, _) => kernel,
+        }
     }
 }
 
@@ -617,12 +673,24 @@ mod tests {
     /// The kernels this CPU can run, the portable one first.
     fn kernels() -> Vec<Kernel> {
         let mut all = vec![Kernel::Portable];
-        match Kernel::detect() {
+        match Kernel::best_of_cpu() {
             Kernel::Portable => {}
             Kernel::Avx2 => all.push(Kernel::Avx2),
             Kernel::Vnni => all.extend([Kernel::Avx2, Kernel::Vnni]),
         }
         all
+    }
+
+    #[test]
+    fn a_limit_never_picks_a_wider_kernel() {
+        use KernelLimit::*;
+        for best in [Kernel::Portable, Kernel::Avx2, Kernel::Vnni] {
+            assert_eq!(best.within(Auto), best);
+            assert_eq!(best.within(Portable), Kernel::Portable);
+        }
+        assert_eq!(Kernel::Vnni.within(Avx2), Kernel::Avx2);
+        assert_eq!(Kernel::Avx2.within(Avx2), Kernel::Avx2);
+        assert_eq!(Kernel::Portable.within(Avx2), Kernel::Portable);
     }
 
     #[test]

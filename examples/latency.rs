@@ -1,0 +1,63 @@
+//! Time of one text through the text classifier, in process: the figure to
+//! hold against the service's end-to-end latency for the same text
+//! (`benches/load.sh`), so that what the service adds around the model shows.
+//!
+//! Usage: `cargo run --release --example latency -- [RUNS] [TEXT]`
+//! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2` measures the AVX2 kernel on a
+//! machine with AVX-512). Prints the median and the 90th and 99th
+//! percentiles of RUNS calls (default 300) after 30 warm-up calls.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::bail;
+use moderato::moderation::text_model::EmbeddingClassifier;
+use moderato::moderation::TextClassifier;
+
+/// The text of `benches/load.sh`'s `short` workload.
+const LOAD_SH_SHORT: &str = "Thanks for the quick reply, see you at the meeting tomorrow!";
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runs: usize = match args.first() {
+        Some(n) => n.parse()?,
+        None => 300,
+    };
+    let text = args.get(1).map_or(LOAD_SH_SHORT, String::as_str);
+    let limit = match std::env::var("MODERATO_TEXT_MODEL__CPU_KERNEL").as_deref() {
+        Ok("avx2") => int8_matmul::KernelLimit::Avx2,
+        Ok("portable") => int8_matmul::KernelLimit::Portable,
+        Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
+        Ok(other) => bail!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable"),
+    };
+    int8_matmul::limit_kernel(limit).expect("the first model of the process");
+    let dir = std::env::var_os("MODERATO_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let model = EmbeddingClassifier::load(&dir)?;
+    let windows = model.embed_windows(&[text])?;
+    println!(
+        "kernel {}, {} chunk(s) for {:?}",
+        int8_matmul::kernel_name(),
+        windows[0].len(),
+        text
+    );
+    for _ in 0..30 {
+        model.score_batch(&[text])?;
+    }
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            model.score_batch(&[text]).map(|_| started.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{runs} calls: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms",
+        at(0.5),
+        at(0.9),
+        at(0.99)
+    );
+    Ok(())
+}
