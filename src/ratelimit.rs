@@ -89,7 +89,9 @@ impl LocalLimiter {
         let rpm = per_minute.max(1);
         let cost = NonZeroU32::new(cost).unwrap_or(NonZeroU32::MIN);
         let limiter = self.limiter_for(bucket, rpm);
-        let clock = DefaultClock::default();
+        // The limiter's own clock: making a new one reads the CPU's
+        // features with CPUID, which a virtual machine traps, on every request.
+        let clock = limiter.clock();
         let interval = emission_interval(rpm);
         let Ok(checked) = limiter.check_n(cost) else {
             return Decision {
@@ -344,7 +346,7 @@ impl FailedAuthLimiter {
 
     /// Records a failure; `Some(wait)` when this one exhausted the allowance.
     pub fn record_failure(&self, address: IpAddr) -> Option<Duration> {
-        let clock = DefaultClock::default();
+        let clock = self.limiter.clock();
         let not_until = self.limiter.check_key(&address).err()?;
         let wait = not_until.wait_time_from(clock.now());
         let mut blocked = self.blocked_until.lock().unwrap_or_else(|e| e.into_inner());
