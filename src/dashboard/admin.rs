@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::keys::{
     account_key, create_key_for, key_rows, keys_base, revoke_key_of, revoke_page, when,
-    CreateKeyForm,
+    CreateKeyForm, RevokeTarget,
 };
 use super::pages::{
     render, AccountPage, AccountRow, AccountsPage, NewKeyView, SetPasswordPage, TierOption,
@@ -335,10 +335,14 @@ pub async fn confirm_revoke_key(
     Path((id, key_id)): Path<(String, String)>,
 ) -> Result<Response, DashError> {
     let listing = target_account(&state, &id).await?;
-    let account = &listing.account.id;
-    let key = account_key(&state, account, &key_id).await?;
-    let back = format!("/dashboard/admin/accounts/{account}");
-    Ok(revoke_page(&admin.0, key, &keys_base(Some(account)), &back))
+    let account = &listing.account;
+    let key = account_key(&state, &account.id, &key_id).await?;
+    let target = RevokeTarget {
+        base: keys_base(Some(&account.id)),
+        back: format!("/dashboard/admin/accounts/{}", account.id),
+        owner: Some(account.email.to_string()),
+    };
+    Ok(revoke_page(&admin.0, key, target))
 }
 
 pub async fn revoke_key(

@@ -158,14 +158,24 @@ pub async fn revoke_key_of(
     Ok(())
 }
 
-/// The confirmation page before revoking a key listed under `base` (see
-/// [`keys_base`]); "Cancel" goes back to `back`.
-pub fn revoke_page(user: &SignedIn, key: KeyRow, base: &str, back: &str) -> Response {
+/// Where a revoke confirmation posts and returns to, and whose key it
+/// names (for an admin's page).
+pub struct RevokeTarget {
+    /// The list the key is under (see [`keys_base`]).
+    pub base: String,
+    /// Where "Cancel" goes.
+    pub back: String,
+    pub owner: Option<String>,
+}
+
+/// The confirmation page before revoking a key.
+pub fn revoke_page(user: &SignedIn, key: KeyRow, target: RevokeTarget) -> Response {
     let page = RevokePage {
         nav: user.nav(),
         csrf_token: user.csrf_token.clone(),
-        action: format!("{base}/{}/revoke", key.id),
-        back: back.to_owned(),
+        action: format!("{}/{}/revoke", target.base, key.id),
+        back: target.back,
+        owner: target.owner,
         key,
     };
     render(&page)
@@ -177,8 +187,12 @@ pub async fn confirm_revoke(
     Path(id): Path<String>,
 ) -> Result<Response, DashError> {
     let key = account_key(&state, &user.account.id, &id).await?;
-    let base = keys_base(None);
-    Ok(revoke_page(&user, key, &base, &base))
+    let target = RevokeTarget {
+        base: keys_base(None),
+        back: keys_base(None),
+        owner: None,
+    };
+    Ok(revoke_page(&user, key, target))
 }
 
 pub async fn revoke(

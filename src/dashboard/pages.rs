@@ -126,6 +126,8 @@ pub struct RevokePage {
     pub action: String,
     /// Where "Cancel" goes.
     pub back: String,
+    /// The account's e-mail when an admin revokes another account's key.
+    pub owner: Option<String>,
 }
 
 #[derive(Template)]

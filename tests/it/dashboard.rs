@@ -1009,6 +1009,10 @@ async fn admin_creates_and_revokes_a_customers_key(backend: Backend) {
         .body
         .contains(&format!(r#"action="{confirm_path}""#)));
     assert!(confirm.body.contains(&format!(r#"href="{account_path}""#)));
+    assert_eq!(
+        confirm.testid_text("key-owner").as_deref(),
+        Some("alice@example.com")
+    );
     let revoked = root
         .post(&confirm_path, &[("csrf_token", confirm.csrf().as_str())])
         .await;
