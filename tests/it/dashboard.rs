@@ -1483,6 +1483,21 @@ async fn admin_creates_an_account_sets_its_plan_and_disables_it(backend: Backend
         .await;
     disabled.assert_see_other(&format!("/dashboard/admin/accounts/{carol_id}"));
     until_api_answers(&app, &carol_key, 401, Duration::from_secs(1)).await;
+
+    // No new keys for a disabled account: they would not work.
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let refused = root
+        .post(
+            &format!("/dashboard/admin/accounts/{carol_id}/keys"),
+            &[("name", "after"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert!(refused
+        .testid_text("key-error")
+        .is_some_and(|m| m.contains("disabled")));
+    assert!(!refused.has_testid("new-key"));
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
 }
 
 async fn first_password_link_lets_a_new_account_sign_in(backend: Backend) {
