@@ -1,4 +1,5 @@
-//! Admin pages (accounts and plans), the first-password link and sign-up.
+//! Admin pages: accounts, plans and the keys of any account; and the
+//! first-password link.
 
 use axum::extract::{Path, Query, State};
 use axum::http::header::SET_COOKIE;
@@ -9,14 +10,16 @@ use chrono::Utc;
 use serde::Deserialize;
 
 use super::error::DashError;
-use super::keys::{key_rows, when};
-use super::pages::{
-    render, AccountPage, AccountRow, AccountsPage, SetPasswordPage, SignupPage, TierOption,
+use super::keys::{
+    account_key, create_key_for, key_rows, keys_base, revoke_key_of, revoke_page, when,
+    CreateKeyForm, RevokeTarget,
 };
-use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin};
+use super::pages::{
+    render, AccountPage, AccountRow, AccountsPage, NewKeyView, SetPasswordPage, TierOption,
+};
+use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin, CsrfForm};
 use super::usage::{daily_usage, usage_view};
 use crate::access::{Account, AccountId, Email, Password, Plan, Role};
-use crate::config::Signup;
 use crate::http::AppState;
 use crate::store::{AccountListing, StoreError, Tier};
 
@@ -140,7 +143,7 @@ fn parse_new_account(form: CreateAccountForm) -> Result<NewAccountInput, String>
 }
 
 /// Stores a new account; `Ok(Err(message))` when the address is taken.
-async fn insert_new_account(
+pub(super) async fn insert_new_account(
     state: &AppState,
     email: Email,
     role: Role,
@@ -220,21 +223,32 @@ async fn target_account(state: &AppState, id: &str) -> Result<AccountListing, Da
         .ok_or(DashError::NotFound)
 }
 
+/// What the account page shows besides the account: an error of the plan
+/// form, or of the key form, or a key just made.
+#[derive(Default)]
+struct AccountPageExtras {
+    error: Option<String>,
+    key_error: Option<String>,
+    new_key: Option<NewKeyView>,
+}
+
 async fn account_page(
     state: &AppState,
     admin: &Admin,
-    id: &str,
+    listing: &AccountListing,
     status: StatusCode,
-    error: Option<String>,
+    extras: AccountPageExtras,
 ) -> Result<Response, DashError> {
-    let listing = target_account(state, id).await?;
     let account = &listing.account;
     let days = daily_usage(state, &account.id, None).await?;
     let page = AccountPage {
         nav: admin.0.nav(),
         csrf_token: admin.0.csrf_token.clone(),
         keys: key_rows(state, &account.id).await?,
-        revocable: false,
+        revoke_base: Some(keys_base(Some(&account.id))),
+        new_key: extras.new_key,
+        can_create_key: key_creation_refusal(account).is_none(),
+        key_error: extras.key_error,
         usage: usage_view(days),
         tiers: tier_options(account.plan.tier()),
         rpm_value: account
@@ -244,8 +258,8 @@ async fn account_page(
             .unwrap_or_default(),
         is_operator: account.id.is_operator(),
         disabled: account.is_disabled(),
-        error,
-        account: account_row(&listing, state),
+        error: extras.error,
+        account: account_row(listing, state),
     };
     Ok((status, render(&page)).into_response())
 }
@@ -255,7 +269,93 @@ pub async fn account(
     admin: Admin,
     Path(id): Path<String>,
 ) -> Result<Response, DashError> {
-    account_page(&state, &admin, &id, StatusCode::OK, None).await
+    let listing = target_account(&state, &id).await?;
+    account_page(
+        &state,
+        &admin,
+        &listing,
+        StatusCode::OK,
+        AccountPageExtras::default(),
+    )
+    .await
+}
+
+/// Why an admin may not make a key for `account`, if they may not. The
+/// operator account's keys are made with `moderato keys create`, which
+/// gives each its own plan: a key made here would silently get the operator
+/// row's placeholder plan. A disabled account's keys would not work.
+fn key_creation_refusal(account: &Account) -> Option<&'static str> {
+    if account.id.is_operator() {
+        Some("Keys of the operator account are made with `moderato keys create`, which sets each key's plan.")
+    } else if account.is_disabled() {
+        Some("The account is disabled: a key made for it would be refused by the API.")
+    } else {
+        None
+    }
+}
+
+/// Makes a key for the account (as its owner would on the keys page) and
+/// shows it this once on the account page.
+pub async fn create_key(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(id): Path<String>,
+    Form(form): Form<CreateKeyForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let listing = target_account(&state, &id).await?;
+    let account = &listing.account;
+    let created = match key_creation_refusal(account) {
+        Some(refusal) => Err(refusal.to_owned()),
+        None => create_key_for(&state, &account.id, &form.name).await?,
+    };
+    let (status, extras) = match created {
+        Ok(new_key) => {
+            tracing::info!(admin = %admin.0.account.id, account = %account.id, key = %new_key.id, "key created by an admin");
+            let extras = AccountPageExtras {
+                new_key: Some(new_key),
+                ..AccountPageExtras::default()
+            };
+            (StatusCode::OK, extras)
+        }
+        Err(message) => {
+            let extras = AccountPageExtras {
+                key_error: Some(message),
+                ..AccountPageExtras::default()
+            };
+            (StatusCode::BAD_REQUEST, extras)
+        }
+    };
+    account_page(&state, &admin, &listing, status, extras).await
+}
+
+pub async fn confirm_revoke_key(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path((id, key_id)): Path<(String, String)>,
+) -> Result<Response, DashError> {
+    let listing = target_account(&state, &id).await?;
+    let account = &listing.account;
+    let key = account_key(&state, &account.id, &key_id).await?;
+    let target = RevokeTarget {
+        base: keys_base(Some(&account.id)),
+        back: format!("/dashboard/admin/accounts/{}", account.id),
+        owner: Some(account.email.to_string()),
+    };
+    Ok(revoke_page(&admin.0, key, target))
+}
+
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path((id, key_id)): Path<(String, String)>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let account = AccountId::parse(&id).ok_or(DashError::NotFound)?;
+    revoke_key_of(&state, &account, &key_id).await?;
+    tracing::info!(admin = %admin.0.account.id, account = %account, key = %key_id, "key revoked by an admin");
+    Ok(Redirect::to(&format!("/dashboard/admin/accounts/{account}")).into_response())
 }
 
 #[derive(Deserialize)]
@@ -279,7 +379,12 @@ pub async fn set_plan(
     let plan = match plan_from_form(&form.tier, &form.rpm) {
         Ok(plan) => plan,
         Err(message) => {
-            return account_page(&state, &admin, &id, StatusCode::BAD_REQUEST, Some(message)).await
+            let listing = target_account(&state, &id).await?;
+            let extras = AccountPageExtras {
+                error: Some(message),
+                ..AccountPageExtras::default()
+            };
+            return account_page(&state, &admin, &listing, StatusCode::BAD_REQUEST, extras).await;
         }
     };
     if !state.store.set_account_plan(&account_id, plan).await? {
@@ -293,7 +398,7 @@ pub async fn disable(
     State(state): State<AppState>,
     admin: Admin,
     Path(id): Path<String>,
-    Form(form): Form<super::session::CsrfForm>,
+    Form(form): Form<CsrfForm>,
 ) -> Result<Response, DashError> {
     admin.0.check_csrf(&form.csrf_token)?;
     let account_id = AccountId::parse(&id).ok_or(DashError::NotFound)?;
@@ -400,83 +505,4 @@ pub async fn set_password(
     state.store.set_account_password(&account, &hash).await?;
     tracing::info!(account = %account, "password set through a one-time link");
     Ok(Redirect::to("/dashboard/login").into_response())
-}
-
-fn signup_form(
-    state: &AppState,
-    status: StatusCode,
-    email: String,
-    error: Option<String>,
-) -> Response {
-    let (csrf_token, cookie) = new_form_token(state);
-    let page = SignupPage {
-        nav: None,
-        csrf_token,
-        email,
-        error,
-    };
-    (status, [(SET_COOKIE, cookie)], render(&page)).into_response()
-}
-
-fn signup_open(state: &AppState) -> Result<(), DashError> {
-    match state.dashboard.signup {
-        Signup::Open => Ok(()),
-        Signup::Closed => Err(DashError::NotFound),
-    }
-}
-
-pub async fn signup_page(State(state): State<AppState>) -> Result<Response, DashError> {
-    signup_open(&state)?;
-    Ok(signup_form(&state, StatusCode::OK, String::new(), None))
-}
-
-#[derive(Deserialize)]
-pub struct SignupForm {
-    #[serde(default)]
-    email: String,
-    #[serde(default)]
-    password: String,
-    #[serde(default)]
-    csrf_token: String,
-}
-
-/// Creates a customer account on the free plan, then sends to sign-in.
-pub async fn signup(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Form(form): Form<SignupForm>,
-) -> Result<Response, DashError> {
-    signup_open(&state)?;
-    check_form_token(&headers, &form.csrf_token)?;
-    let parsed = Email::parse(&form.email)
-        .map_err(|e| e.to_string())
-        .and_then(|email| {
-            Password::new(form.password)
-                .map(|p| (email, p))
-                .map_err(|e| e.to_string())
-        });
-    let (email, password) = match parsed {
-        Ok(v) => v,
-        Err(message) => {
-            return Ok(signup_form(
-                &state,
-                StatusCode::BAD_REQUEST,
-                form.email,
-                Some(message),
-            ))
-        }
-    };
-    let plan = Plan::new(Tier::Free, None).expect("the free plan needs no limit");
-    match insert_new_account(&state, email, Role::Customer, plan, Some(password)).await? {
-        Ok(account) => {
-            tracing::info!(account = %account.id, "account created by sign-up");
-            Ok(Redirect::to("/dashboard/login").into_response())
-        }
-        Err(message) => Ok(signup_form(
-            &state,
-            StatusCode::CONFLICT,
-            form.email,
-            Some(message),
-        )),
-    }
 }

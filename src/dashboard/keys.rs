@@ -41,6 +41,15 @@ pub async fn key_rows(state: &AppState, account: &AccountId) -> Result<Vec<KeyRo
     Ok(keys.iter().map(|k| key_row(k, &state.plans)).collect())
 }
 
+/// Where a list of an account's keys sends its revoke links: the owner's
+/// own pages, or the admin's page of that account.
+pub fn keys_base(admin_of: Option<&AccountId>) -> String {
+    match admin_of {
+        None => "/dashboard/keys".to_owned(),
+        Some(account) => format!("/dashboard/admin/accounts/{account}/keys"),
+    }
+}
+
 async fn keys_page(
     state: &AppState,
     user: &SignedIn,
@@ -52,7 +61,7 @@ async fn keys_page(
         nav: user.nav(),
         csrf_token: user.csrf_token.clone(),
         keys: key_rows(state, &user.account.id).await?,
-        revocable: true,
+        revoke_base: Some(keys_base(None)),
         new_key,
         error,
     };
@@ -66,29 +75,30 @@ pub async fn list(State(state): State<AppState>, user: SignedIn) -> Result<Respo
 #[derive(Deserialize)]
 pub struct CreateKeyForm {
     #[serde(default)]
-    name: String,
+    pub name: String,
     #[serde(default)]
-    csrf_token: String,
+    pub csrf_token: String,
 }
 
-/// Makes a key exactly as `moderato keys create` does, owned by the account
-/// and on its plan, and shows its secret this once.
-pub async fn create(
-    State(state): State<AppState>,
-    user: SignedIn,
-    Form(form): Form<CreateKeyForm>,
-) -> Result<Response, DashError> {
-    user.check_csrf(&form.csrf_token)?;
-    let name = form.name.trim();
+/// Makes a key for `account` exactly as `moderato keys create` does, owned by
+/// the account and on its plan, and returns its secret to show this once.
+/// `Ok(Err(message))` when the name is not acceptable.
+pub async fn create_key_for(
+    state: &AppState,
+    account: &AccountId,
+    name: &str,
+) -> Result<Result<NewKeyView, String>, DashError> {
+    let name = name.trim();
     if name.is_empty() || name.chars().count() > MAX_KEY_NAME_CHARS {
-        let error = format!("Give the key a name of 1 to {MAX_KEY_NAME_CHARS} characters.");
-        return keys_page(&state, &user, StatusCode::BAD_REQUEST, None, Some(error)).await;
+        return Ok(Err(format!(
+            "Give the key a name of 1 to {MAX_KEY_NAME_CHARS} characters."
+        )));
     }
     let new = crate::keys::generate(&state.pepper);
     state
         .store
         .insert_account_key(
-            &user.account.id,
+            account,
             &NewAccountKey {
                 id: new.id.clone(),
                 name: name.to_owned(),
@@ -97,20 +107,35 @@ pub async fn create(
             },
         )
         .await?;
-    tracing::info!(account = %user.account.id, key = %new.id, "key created in the dashboard");
-    let shown = NewKeyView {
+    tracing::info!(account = %account, key = %new.id, "key created in the dashboard");
+    Ok(Ok(NewKeyView {
         id: new.id.to_string(),
         secret: new.full_key,
-    };
-    keys_page(&state, &user, StatusCode::OK, Some(shown), None).await
+    }))
 }
 
-/// The account's key `id`, or 404 (also for another account's key).
-async fn own_key(state: &AppState, user: &SignedIn, id: &str) -> Result<KeyRow, DashError> {
+pub async fn create(
+    State(state): State<AppState>,
+    user: SignedIn,
+    Form(form): Form<CreateKeyForm>,
+) -> Result<Response, DashError> {
+    user.check_csrf(&form.csrf_token)?;
+    match create_key_for(&state, &user.account.id, &form.name).await? {
+        Ok(shown) => keys_page(&state, &user, StatusCode::OK, Some(shown), None).await,
+        Err(error) => keys_page(&state, &user, StatusCode::BAD_REQUEST, None, Some(error)).await,
+    }
+}
+
+/// The key `id` of `account`, or 404 (also for another account's key).
+pub async fn account_key(
+    state: &AppState,
+    account: &AccountId,
+    id: &str,
+) -> Result<KeyRow, DashError> {
     let id = KeyId::parse(id).ok_or(DashError::NotFound)?;
     state
         .store
-        .account_keys(&user.account.id)
+        .account_keys(account)
         .await?
         .iter()
         .find(|k| k.key.id == id)
@@ -118,18 +143,56 @@ async fn own_key(state: &AppState, user: &SignedIn, id: &str) -> Result<KeyRow, 
         .ok_or(DashError::NotFound)
 }
 
+/// Revokes the key `id` of `account` (the API refuses it within a second,
+/// through its key cache); 404 if the account has no such key.
+pub async fn revoke_key_of(
+    state: &AppState,
+    account: &AccountId,
+    id: &str,
+) -> Result<(), DashError> {
+    let id = KeyId::parse(id).ok_or(DashError::NotFound)?;
+    if !state.store.revoke_account_key(account, &id).await? {
+        return Err(DashError::NotFound);
+    }
+    tracing::info!(account = %account, key = %id, "key revoked in the dashboard");
+    Ok(())
+}
+
+/// Where a revoke confirmation posts and returns to, and whose key it
+/// names (for an admin's page).
+pub struct RevokeTarget {
+    /// The list the key is under (see [`keys_base`]).
+    pub base: String,
+    /// Where "Cancel" goes.
+    pub back: String,
+    pub owner: Option<String>,
+}
+
+/// The confirmation page before revoking a key.
+pub fn revoke_page(user: &SignedIn, key: KeyRow, target: RevokeTarget) -> Response {
+    let page = RevokePage {
+        nav: user.nav(),
+        csrf_token: user.csrf_token.clone(),
+        action: format!("{}/{}/revoke", target.base, key.id),
+        back: target.back,
+        owner: target.owner,
+        key,
+    };
+    render(&page)
+}
+
 pub async fn confirm_revoke(
     State(state): State<AppState>,
     user: SignedIn,
     Path(id): Path<String>,
 ) -> Result<Response, DashError> {
-    let key = own_key(&state, &user, &id).await?;
-    let page = RevokePage {
-        nav: user.nav(),
-        csrf_token: user.csrf_token.clone(),
-        key,
+    let key = account_key(&state, &user.account.id, &id).await?;
+    let target = RevokeTarget {
+        base: keys_base(None),
+        back: keys_base(None),
+        owner: None,
     };
-    Ok(render(&page))
+    Ok(revoke_page(&user, key, target))
 }
 
 pub async fn revoke(
@@ -139,15 +202,7 @@ pub async fn revoke(
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, DashError> {
     user.check_csrf(&form.csrf_token)?;
-    let id = KeyId::parse(&id).ok_or(DashError::NotFound)?;
-    if !state
-        .store
-        .revoke_account_key(&user.account.id, &id)
-        .await?
-    {
-        return Err(DashError::NotFound);
-    }
-    tracing::info!(account = %user.account.id, key = %id, "key revoked in the dashboard");
+    revoke_key_of(&state, &user.account.id, &id).await?;
     Ok(Redirect::to("/dashboard/keys").into_response())
 }
 

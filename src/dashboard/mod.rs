@@ -13,6 +13,7 @@ mod error;
 mod keys;
 mod pages;
 mod session;
+mod signup;
 mod usage;
 
 use axum::extract::Request;
@@ -54,10 +55,18 @@ pub fn router(_state: AppState) -> Router<AppState> {
             axum::routing::post(admin::disable),
         )
         .route(
+            "/admin/accounts/{id}/keys",
+            axum::routing::post(admin::create_key),
+        )
+        .route(
+            "/admin/accounts/{id}/keys/{key}/revoke",
+            get(admin::confirm_revoke_key).post(admin::revoke_key),
+        )
+        .route(
             "/set-password",
             get(admin::set_password_page).post(admin::set_password),
         )
-        .route("/signup", get(admin::signup_page).post(admin::signup))
+        .route("/signup", get(signup::signup_page).post(signup::signup))
         .route("/static/style.css", get(stylesheet))
         .route("/static/copy.js", get(script))
         .fallback(|| async { DashError::NotFound })

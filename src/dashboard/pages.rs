@@ -110,8 +110,8 @@ pub struct KeysPage {
     pub nav: Option<Nav>,
     pub csrf_token: String,
     pub keys: Vec<KeyRow>,
-    /// Whether rows get a revoke link (the owner's page).
-    pub revocable: bool,
+    /// Where the rows' revoke links go (see `keys::keys_base`).
+    pub revoke_base: Option<String>,
     pub new_key: Option<NewKeyView>,
     pub error: Option<String>,
 }
@@ -122,6 +122,12 @@ pub struct RevokePage {
     pub nav: Option<Nav>,
     pub csrf_token: String,
     pub key: KeyRow,
+    /// Where the form posts.
+    pub action: String,
+    /// Where "Cancel" goes.
+    pub back: String,
+    /// The account's e-mail when an admin revokes another account's key.
+    pub owner: Option<String>,
 }
 
 #[derive(Template)]
@@ -163,7 +169,13 @@ pub struct AccountPage {
     pub csrf_token: String,
     pub account: AccountRow,
     pub keys: Vec<KeyRow>,
-    pub revocable: bool,
+    pub revoke_base: Option<String>,
+    /// A key just made for the account, shown this once.
+    pub new_key: Option<NewKeyView>,
+    /// Whether the admin may make keys here (not for the operator account,
+    /// nor a disabled one).
+    pub can_create_key: bool,
+    pub key_error: Option<String>,
     pub usage: UsageView,
     pub tiers: Vec<TierOption>,
     pub rpm_value: String,

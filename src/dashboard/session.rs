@@ -1,4 +1,5 @@
-//! Signing in and out, sessions, CSRF tokens and the sign-in lockout.
+//! Signing in and out, sessions, CSRF tokens, device cookies and the
+//! sign-in lockout.
 //!
 //! A session id is 32 random bytes held by the browser in an `HttpOnly`,
 //! `SameSite=Strict` cookie scoped to `/dashboard`; the database keeps only
@@ -7,6 +8,17 @@
 //! (sign-in, sign-up, set-password) carry a token that must equal the one
 //! in a short-lived pre-session cookie (double submit), which another site
 //! can neither read nor set.
+//!
+//! The lockout follows OWASP's "Slow Down Online Guessing Attacks with
+//! Device Cookies": a successful sign-in leaves a long-lived device cookie
+//! (random, stored as its SHA-256 with its account and expiry). After
+//! [`MAX_FAILURES`] failures for an account within [`FAILURE_WINDOW`] from
+//! clients without such a cookie, only a browser holding a valid device
+//! cookie of that account may try a password; every other request gets 429
+//! without a password check, whatever its address. A device's own failures
+//! count against that device (and lock it out at the same bound), not
+//! against the account. An address with too many failures is refused
+//! unless it presents a device cookie of the account it tries.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -30,13 +42,16 @@ use super::pages::{render, LoginPage, Nav};
 use crate::access::{Account, Email, Password, Role};
 use crate::http::auth::client_address;
 use crate::http::AppState;
-use crate::store::NewSession;
+use crate::store::{Attempts, NewSession, SignInFailures};
 
 pub const SESSION_COOKIE: &str = "moderato_session";
 /// The pre-session CSRF cookie of the forms shown before sign-in.
 pub const FORM_COOKIE: &str = "moderato_form";
 /// How long a pre-session form stays valid.
 const FORM_COOKIE_SECONDS: u32 = 3600;
+/// The device cookie a browser gets at sign-in, and how long it lasts.
+pub const DEVICE_COOKIE: &str = "moderato_device";
+const DEVICE_COOKIE_DAYS: u32 = 180;
 
 /// Failed sign-ins counted per account and per address, and over what time.
 pub const MAX_FAILURES: u32 = 10;
@@ -61,6 +76,15 @@ pub fn token_hash(token: &str) -> Vec<u8> {
 /// Constant-time equality of two tokens; empty never matches.
 pub fn tokens_match(expected: &str, given: &str) -> bool {
     !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(given.as_bytes()))
+}
+
+/// Seconds until the oldest of some attempts leaves a sliding window of
+/// `window` (at least 1): what `Retry-After` says when they reached a bound.
+pub fn retry_after(attempts: &Attempts, window: chrono::Duration, now: DateTime<Utc>) -> u64 {
+    let until = attempts.oldest.unwrap_or(now) + window;
+    u64::try_from((until - now).num_seconds())
+        .unwrap_or(0)
+        .max(1)
 }
 
 /// The value of cookie `name`, if the request sent it.
@@ -224,49 +248,30 @@ pub async fn login(
     let email_key = form.email.trim().to_lowercase();
     let now = Utc::now();
     let window = chrono::Duration::from_std(FAILURE_WINDOW).expect("15 minutes");
+    let account = match Email::parse(&form.email) {
+        Ok(email) => state.store.account_by_email(&email).await?,
+        Err(_) => None,
+    };
+    let device = trusted_device(&state, &headers, account.as_ref(), now).await?;
     let failures = state
         .store
-        .sign_in_failures(&email_key, &address, now - window)
+        .sign_in_failures(&email_key, &address, device.as_deref(), now - window)
         .await?;
-    let retry_after = |oldest: Option<DateTime<Utc>>| {
-        let until = oldest.unwrap_or(now) + window;
-        u64::try_from((until - now).num_seconds())
-            .unwrap_or(0)
-            .max(1)
-    };
-    let locked = |seconds| {
-        login_form(
+    // Refused before any password check: a locked-out client learns nothing.
+    if let Some(seconds) = lockout(&failures, device.is_some(), window, now) {
+        return Ok(login_form(
             &state,
             StatusCode::TOO_MANY_REQUESTS,
             String::new(),
             Some("Too many failed sign-ins: wait a few minutes and try again."),
             Some(seconds),
-        )
-    };
-    // An address that failed too often is refused before any password check.
-    if failures.by_address >= MAX_FAILURES {
-        return Ok(locked(retry_after(failures.oldest_by_address)));
+        ));
     }
-    let account = match Email::parse(&form.email) {
-        Ok(email) => state.store.account_by_email(&email).await?,
-        Err(_) => None,
-    };
     let correct = verify(account.as_ref(), form.password).await?;
-    // An account under attack stays open to its owner: a correct password
-    // from an address that has not failed on it still signs in.
-    if failures.by_email >= MAX_FAILURES && !(correct && failures.by_pair == 0) {
-        if !correct {
-            state
-                .store
-                .record_sign_in_failure(&email_key, &address, now)
-                .await?;
-        }
-        return Ok(locked(retry_after(failures.oldest_by_email)));
-    }
     let Some(account) = account.filter(|_| correct) else {
         state
             .store
-            .record_sign_in_failure(&email_key, &address, now)
+            .record_sign_in_failure(&email_key, &address, device.as_deref(), now)
             .await?;
         return Ok(login_form(
             &state,
@@ -292,6 +297,11 @@ pub async fn login(
             expires_at: idle_expiry(&state, now),
         })
         .await?;
+    // A browser that already holds this account's device cookie keeps it.
+    let new_device = match device {
+        Some(_) => None,
+        None => Some(issue_device(&state, &account, now).await?),
+    };
     tracing::info!(account = %account.id, "dashboard sign-in");
     let mut response = Redirect::to("/dashboard/keys").into_response();
     let headers = response.headers_mut();
@@ -300,7 +310,68 @@ pub async fn login(
         cookie_header(&state, SESSION_COOKIE, &session_id, None),
     );
     headers.append(SET_COOKIE, cookie_header(&state, FORM_COOKIE, "", Some(0)));
+    if let Some(device_cookie) = new_device {
+        headers.append(SET_COOKIE, device_cookie);
+    }
     Ok(response)
+}
+
+/// The SHA-256 of the request's device cookie when it is a valid one of
+/// `account` (this browser signed in to it before); `None` otherwise, also
+/// for a cookie of another account or one nobody issued.
+async fn trusted_device(
+    state: &AppState,
+    headers: &HeaderMap,
+    account: Option<&Account>,
+    now: DateTime<Utc>,
+) -> Result<Option<Vec<u8>>, DashError> {
+    let (Some(token), Some(account)) = (cookie(headers, DEVICE_COOKIE), account) else {
+        return Ok(None);
+    };
+    let hash = token_hash(token);
+    let owner = state.store.device_account(&hash, now).await?;
+    Ok((owner.as_ref() == Some(&account.id)).then_some(hash))
+}
+
+/// Whether an attempt is refused, and for how many seconds. A trusted device
+/// answers only for its own failures; any other client for its address's
+/// and for the account's failures made without a device cookie.
+fn lockout(
+    failures: &SignInFailures,
+    trusted_device: bool,
+    window: chrono::Duration,
+    now: DateTime<Utc>,
+) -> Option<u64> {
+    let over = |attempts: &Attempts| {
+        (attempts.count >= MAX_FAILURES).then(|| retry_after(attempts, window, now))
+    };
+    if trusted_device {
+        over(&failures.by_device)
+    } else {
+        over(&failures.by_address).or_else(|| over(&failures.by_email))
+    }
+}
+
+/// Stores a new device cookie for `account` and returns its `Set-Cookie`.
+/// It replaces the browser's device cookie of another account, if any: a
+/// browser is trusted for the account that signed in on it last.
+async fn issue_device(
+    state: &AppState,
+    account: &Account,
+    now: DateTime<Utc>,
+) -> Result<HeaderValue, DashError> {
+    let token = random_token();
+    let expires = now + chrono::Duration::days(i64::from(DEVICE_COOKIE_DAYS));
+    state
+        .store
+        .insert_device(&token_hash(&token), &account.id, now, expires)
+        .await?;
+    Ok(cookie_header(
+        state,
+        DEVICE_COOKIE,
+        &token,
+        Some(DEVICE_COOKIE_DAYS * 24 * 3600),
+    ))
 }
 
 /// Whether `password` is the account's (enabled, with a password). Costs
@@ -371,5 +442,31 @@ mod tests {
         assert!(!tokens_match(&t, &random_token()));
         assert!(!tokens_match("", ""));
         assert_eq!(token_hash(&t).len(), 32);
+    }
+
+    fn attempts(count: u32, minutes_ago: i64, now: DateTime<Utc>) -> Attempts {
+        Attempts {
+            count,
+            oldest: Some(now - chrono::Duration::minutes(minutes_ago)),
+        }
+    }
+
+    #[test]
+    fn a_trusted_device_answers_only_for_its_own_failures() {
+        let now = Utc::now();
+        let window = chrono::Duration::minutes(15);
+        let account_locked = SignInFailures {
+            by_email: attempts(MAX_FAILURES, 5, now),
+            by_address: attempts(MAX_FAILURES, 5, now),
+            by_device: attempts(0, 0, now),
+        };
+        assert_eq!(lockout(&account_locked, true, window, now), None);
+        assert_eq!(lockout(&account_locked, false, window, now), Some(600));
+        let device_locked = SignInFailures {
+            by_device: attempts(MAX_FAILURES, 14, now),
+            ..SignInFailures::default()
+        };
+        assert_eq!(lockout(&device_locked, true, window, now), Some(60));
+        assert_eq!(lockout(&device_locked, false, window, now), None);
     }
 }

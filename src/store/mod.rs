@@ -239,19 +239,24 @@ pub struct Session {
     pub expires_at: DateTime<Utc>,
 }
 
+/// How many attempts of one kind were counted since some time, and when the
+/// oldest of them was (it leaves the window first).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attempts {
+    pub count: u32,
+    pub oldest: Option<DateTime<Utc>>,
+}
+
 /// Failed sign-ins since some time, for the lockout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SignInFailures {
-    /// For this e-mail address, from anywhere.
-    pub by_email: u32,
+    /// For this e-mail address, made without a device cookie of its account
+    /// (from "untrusted" clients): what locks the account.
+    pub by_email: Attempts,
     /// From this client address, for any e-mail address.
-    pub by_address: u32,
-    /// For this e-mail address from this client address.
-    pub by_pair: u32,
-    /// The oldest failure counted for the e-mail address.
-    pub oldest_by_email: Option<DateTime<Utc>>,
-    /// The oldest failure counted for the client address.
-    pub oldest_by_address: Option<DateTime<Utc>>,
+    pub by_address: Attempts,
+    /// Made with this device cookie (zero when none was given).
+    pub by_device: Attempts,
 }
 
 /// What every backend provides. All methods are safe to call concurrently.
@@ -339,10 +344,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<Session>, StoreError>;
     async fn delete_session(&self, id_hash: &[u8]) -> Result<(), StoreError>;
 
+    /// One failed sign-in; `device` is the SHA-256 of a device cookie valid
+    /// for the account tried, when the request carried one.
     async fn record_sign_in_failure(
         &self,
         email: &str,
         address: &str,
+        device: Option<&[u8]>,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError>;
     /// Failures at or after `since`.
@@ -350,8 +358,30 @@ pub trait Store: Send + Sync + 'static {
         &self,
         email: &str,
         address: &str,
+        device: Option<&[u8]>,
         since: DateTime<Utc>,
     ) -> Result<SignInFailures, StoreError>;
+
+    /// Stores a device cookie (its SHA-256) given to a browser that signed
+    /// in to `account`.
+    async fn insert_device(
+        &self,
+        token_hash: &[u8],
+        account: &AccountId,
+        created_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// The account of an unexpired device cookie; `None` if unknown or expired.
+    async fn device_account(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError>;
+
+    /// One sign-up attempt from a client address (new or taken e-mail alike).
+    async fn record_sign_up(&self, address: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+    /// Sign-up attempts from the address at or after `since`.
+    async fn sign_ups(&self, address: &str, since: DateTime<Utc>) -> Result<Attempts, StoreError>;
 
     /// Stores a one-time password-setting token (its SHA-256).
     async fn insert_password_token(

@@ -20,8 +20,8 @@ use super::common::{
     parse_email, parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
 };
 use super::{
-    AccountKey, AccountListing, ApiKeyRecord, BillingRow, KeyId, NewAccountKey, NewSession, Period,
-    Session, SignInFailures, Store, StoreError, Tier, UsageEvent,
+    AccountKey, AccountListing, ApiKeyRecord, Attempts, BillingRow, KeyId, NewAccountKey,
+    NewSession, Period, Session, SignInFailures, Store, StoreError, Tier, UsageEvent,
 };
 use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
 
@@ -602,10 +602,97 @@ impl Store for SqliteStore {
         &self,
         email: &str,
         address: &str,
+        device: Option<&[u8]>,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO sign_in_failures (email, address, at) VALUES (?, ?, ?)")
-            .bind(email)
+        sqlx::query(
+            "INSERT INTO sign_in_failures (email, address, device_hash, at) VALUES (?1, ?2, ?3, ?4)",
+        )
+        .bind(email)
+        .bind(address)
+        .bind(device)
+        .bind(timestamp(at))
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn sign_in_failures(
+        &self,
+        email: &str,
+        address: &str,
+        device: Option<&[u8]>,
+        since: DateTime<Utc>,
+    ) -> Result<SignInFailures, StoreError> {
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT COUNT(*) FROM sign_in_failures \
+                 WHERE email = ?1 AND device_hash IS NULL AND at >= ?4) AS by_email, \
+               (SELECT MIN(at) FROM sign_in_failures \
+                 WHERE email = ?1 AND device_hash IS NULL AND at >= ?4) AS oldest_by_email, \
+               (SELECT COUNT(*) FROM sign_in_failures WHERE address = ?2 AND at >= ?4) AS by_address, \
+               (SELECT MIN(at) FROM sign_in_failures WHERE address = ?2 AND at >= ?4) AS oldest_by_address, \
+               (SELECT COUNT(*) FROM sign_in_failures WHERE device_hash = ?3 AND at >= ?4) AS by_device, \
+               (SELECT MIN(at) FROM sign_in_failures WHERE device_hash = ?3 AND at >= ?4) AS oldest_by_device",
+        )
+        .bind(email)
+        .bind(address)
+        .bind(device)
+        .bind(timestamp(since))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(SignInFailures {
+            by_email: attempts(&row, "by_email", "oldest_by_email")?,
+            by_address: attempts(&row, "by_address", "oldest_by_address")?,
+            by_device: attempts(&row, "by_device", "oldest_by_device")?,
+        })
+    }
+
+    async fn insert_device(
+        &self,
+        token_hash: &[u8],
+        account: &AccountId,
+        created_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO dashboard_devices (token_hash, account_id, created_at, expires_at) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .bind(token_hash)
+        .bind(account.as_str())
+        .bind(timestamp(created_at))
+        .bind(timestamp(expires_at))
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(())
+    }
+
+    async fn device_account(
+        &self,
+        token_hash: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Option<AccountId>, StoreError> {
+        let row = sqlx::query(
+            "SELECT account_id FROM dashboard_devices WHERE token_hash = ?1 AND expires_at > ?2",
+        )
+        .bind(token_hash)
+        .bind(timestamp(now))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|r| {
+            let account: String = r.try_get("account_id").map_err(map_sqlx)?;
+            parse_account_id(&account)
+        })
+        .transpose()
+    }
+
+    async fn record_sign_up(&self, address: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO sign_ups (address, at) VALUES (?1, ?2)")
             .bind(address)
             .bind(timestamp(at))
             .execute(&self.pool)
@@ -614,42 +701,16 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn sign_in_failures(
-        &self,
-        email: &str,
-        address: &str,
-        since: DateTime<Utc>,
-    ) -> Result<SignInFailures, StoreError> {
+    async fn sign_ups(&self, address: &str, since: DateTime<Utc>) -> Result<Attempts, StoreError> {
         let row = sqlx::query(
-            "SELECT \
-               (SELECT COUNT(*) FROM sign_in_failures WHERE email = ?1 AND at >= ?3) AS by_email, \
-               (SELECT COUNT(*) FROM sign_in_failures WHERE address = ?2 AND at >= ?3) AS by_address, \
-               (SELECT COUNT(*) FROM sign_in_failures \
-                 WHERE email = ?1 AND address = ?2 AND at >= ?3) AS by_pair, \
-               (SELECT MIN(at) FROM sign_in_failures WHERE email = ?1 AND at >= ?3) AS oldest_by_email, \
-               (SELECT MIN(at) FROM sign_in_failures WHERE address = ?2 AND at >= ?3) AS oldest_by_address",
+            "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM sign_ups WHERE address = ?1 AND at >= ?2",
         )
-        .bind(email)
         .bind(address)
         .bind(timestamp(since))
         .fetch_one(&self.pool)
         .await
         .map_err(map_sqlx)?;
-        let count = |column: &str| -> Result<u32, StoreError> {
-            let v: i64 = row.try_get(column).map_err(map_sqlx)?;
-            Ok(u32::try_from(v).unwrap_or(u32::MAX))
-        };
-        let oldest = |column: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
-            let v: Option<&str> = row.try_get(column).map_err(map_sqlx)?;
-            v.map(parse_timestamp).transpose()
-        };
-        Ok(SignInFailures {
-            by_email: count("by_email")?,
-            by_address: count("by_address")?,
-            by_pair: count("by_pair")?,
-            oldest_by_email: oldest("oldest_by_email")?,
-            oldest_by_address: oldest("oldest_by_address")?,
-        })
+        attempts(&row, "n", "oldest")
     }
 
     async fn insert_password_token(
@@ -815,5 +876,15 @@ fn billing_from_row(row: &SqliteRow, period: Period) -> Result<BillingRow, Store
         image_items: count("image_items")?,
         deep_analyses: count("deep_analyses")?,
         rate_limited: count("rate_limited")?,
+    })
+}
+
+/// A count and the oldest time of a row of counts (`COUNT(*)`, `MIN(at)`).
+fn attempts(row: &SqliteRow, count: &str, oldest: &str) -> Result<Attempts, StoreError> {
+    let n: i64 = row.try_get(count).map_err(map_sqlx)?;
+    let oldest: Option<&str> = row.try_get(oldest).map_err(map_sqlx)?;
+    Ok(Attempts {
+        count: u32::try_from(n).unwrap_or(u32::MAX),
+        oldest: oldest.map(parse_timestamp).transpose()?,
     })
 }

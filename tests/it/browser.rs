@@ -1,6 +1,7 @@
 //! The dashboard in headless Chromium, as its users see it: a customer signs
 //! in, makes a key, uses it, finds the request in the usage chart and table,
-//! and revokes the key; an admin changes a customer's plan. Every page is
+//! and revokes the key; an admin changes a customer's plan, then makes a key
+//! for the customer and revokes it. Every page is
 //! saved as a screenshot (see `webdriver::screenshot_dir`).
 
 use std::time::{Duration, Instant};
@@ -180,5 +181,49 @@ async fn admin_changes_a_customers_plan() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // The admin makes a key for Bob: shown once, on Bob's plan, working.
+    browser
+        .fill(r#"input[name="name"]"#, "made by support")
+        .await;
+    browser.click(r#"[data-testid="create-key"]"#).await;
+    browser.wait_for_path(&format!("{account_path}/keys")).await;
+    let secret = browser.text(r#"[data-testid="new-key"]"#).await;
+    assert!(secret.starts_with("mdr_"), "new key shown as {secret:?}");
+    assert!(browser.exists(r#"[data-testid="copy-key"]"#).await);
+    let id = key_id_of(&secret);
+    let key_row = format!(r#"tr[data-key-id="{id}"]"#);
+    assert_eq!(
+        browser
+            .text(&format!(r#"{key_row} [data-col="plan"]"#))
+            .await,
+        "pro"
+    );
+    browser.screenshot("admin-account-new-key").await;
+    let response = app.moderate_text(&secret, "hello").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-ratelimit-limit"], "300");
+    let bobs_page = bob.get("/dashboard/keys").await;
+    assert!(key_rows(&bobs_page.body).contains_key(&id), "on Bob's page");
+
+    // And revokes it after the confirmation page.
+    browser.goto(&account_path).await;
+    browser
+        .click(&format!(r#"{key_row} [data-testid="revoke-key"]"#))
+        .await;
+    browser
+        .wait_for_path(&format!("{account_path}/keys/{id}/revoke"))
+        .await;
+    browser.find(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.screenshot("admin-revoke-confirm").await;
+    browser.click(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.wait_for_path(&account_path).await;
+    until_api_answers(&app, &secret, 401, Duration::from_secs(1)).await;
+    assert_eq!(
+        browser
+            .text(&format!(r#"{key_row} [data-col="status"]"#))
+            .await,
+        "revoked"
+    );
     browser.close().await;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use moderato::config::{ImageClassifierKind, IpBlock, TextClassifierKind};
 use moderato::store::{KeyId, Period};
+use regex::Regex;
 use serde_json::Value;
 
 use crate::dash_client::*;
@@ -288,31 +289,265 @@ async fn ten_failures_from_one_address_lock_that_address_only(backend: Backend) 
         .assert_see_other("/dashboard/keys");
 }
 
+/// Ten wrong passwords for `email`, each from its own fresh client and
+/// address (a distributed guess); the next fresh client is locked out.
+async fn lock_account_from_many_addresses(app: &TestApp, email: &str) {
+    for i in 0..10 {
+        let page = Session::from_address(app, &format!("203.0.113.{}", 10 + i))
+            .sign_in(email, "wrong password here")
+            .await;
+        assert_ne!(page.status, 429, "locked out after only {i} failures");
+    }
+    let next_guess = Session::from_address(app, "203.0.113.99")
+        .sign_in(email, "another wrong password")
+        .await;
+    assert_locked_out(&next_guess);
+}
+
+/// A fresh client (no device cookie) from an address that never failed,
+/// with the right password: refused while the account is locked.
+async fn assert_fresh_client_locked_out(app: &TestApp, email: &str) {
+    let mut fresh = Session::from_address(app, "198.51.100.50");
+    let page = fresh.sign_in(email, PASSWORD).await;
+    assert_locked_out(&page);
+    assert!(
+        !page.body.contains(r#"data-testid="sign-out""#),
+        "a locked-out client got a session"
+    );
+    assert_signed_out(&fresh.get("/dashboard/keys").await);
+}
+
 async fn ten_failures_for_one_account_lock_that_account(backend: Backend) {
     let app = app_behind_proxy(backend).await;
     customer(&app, "alice@example.com");
     customer(&app, "bob@example.com");
-
-    // A distributed guess at Alice's password: one try per address.
-    for i in 0..10 {
-        let page = Session::from_address(&app, &format!("203.0.113.{}", 10 + i))
-            .sign_in("alice@example.com", "wrong password here")
-            .await;
-        assert_ne!(page.status, 429, "locked out after only {i} failures");
-    }
-    let next_guess = Session::from_address(&app, "203.0.113.99")
-        .sign_in("alice@example.com", "another wrong password")
-        .await;
-    assert_locked_out(&next_guess);
-
-    // Alice herself, from an address that never failed, still signs in.
-    Session::from_address(&app, "198.51.100.20")
+    // Alice's usual browser signed in before, and holds a device cookie.
+    let mut alices_browser = Session::from_address(&app, "198.51.100.20");
+    alices_browser
         .sign_in("alice@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
+
+    lock_account_from_many_addresses(&app, "alice@example.com").await;
+
+    // A fresh client from a clean address gets nothing, even with the
+    // right password.
+    assert_fresh_client_locked_out(&app, "alice@example.com").await;
+
+    // Alice's browser, from yet another address that never failed, still
+    // signs in.
+    alices_browser.forwarded_for = Some("198.51.100.21".to_string());
+    alices_browser
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+    assert_eq!(alices_browser.get("/dashboard/keys").await.status, 200);
     // Other accounts are not affected, from any of those addresses.
     Session::from_address(&app, "203.0.113.10")
         .sign_in("bob@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+}
+
+/// The device cookie a successful sign-in sets, with its attributes.
+fn device_cookie(page: &Page) -> SetCookie {
+    page.set_cookies()
+        .iter()
+        .map(|c| SetCookie::parse(c))
+        .find(|c| c.name == "moderato_device")
+        .unwrap_or_else(|| panic!("no device cookie set at sign-in: {:?}", page.headers))
+}
+
+/// Rows of `SELECT token_hash FROM dashboard_devices`, hex.
+async fn stored_device_hashes(app: &TestApp) -> Vec<String> {
+    let sql = "SELECT token_hash FROM dashboard_devices";
+    let rows: Vec<Vec<u8>> = if app.db.url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(&app.db.url).await.expect("pg");
+        sqlx::query_scalar(sql)
+            .fetch_all(&pool)
+            .await
+            .expect("devices")
+    } else {
+        let pool = sqlx::SqlitePool::connect(&app.db.url)
+            .await
+            .expect("sqlite");
+        sqlx::query_scalar(sql)
+            .fetch_all(&pool)
+            .await
+            .expect("devices")
+    };
+    rows.iter().map(hex::encode).collect()
+}
+
+async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    let mut session = Session::new(&app);
+    let signed_in = session.sign_in("alice@example.com", PASSWORD).await;
+    signed_in.assert_see_other("/dashboard/keys");
+    let device = device_cookie(&signed_in);
+    assert!(device.value.len() >= 43, "{device:?}");
+    assert!(device.has("HttpOnly"), "{device:?}");
+    assert_eq!(device.get("SameSite"), Some("Strict"), "{device:?}");
+    assert!(device.has("Secure"), "{device:?}");
+    assert_eq!(device.get("Path"), Some("/dashboard"), "{device:?}");
+    let max_age: u64 = device
+        .get("Max-Age")
+        .expect("a lasting cookie")
+        .parse()
+        .expect("seconds");
+    assert!(max_age >= 30 * 24 * 3600, "Max-Age {max_age}");
+
+    // Stored only as its SHA-256.
+    let stored = stored_device_hashes(&app).await;
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        device.value.as_bytes(),
+    ));
+    assert_eq!(stored, vec![digest]);
+    assert!(!stored.contains(&hex::encode(device.value.as_bytes())));
+
+    // Signing in again from the same browser keeps its device cookie.
+    let again = session.sign_in("alice@example.com", PASSWORD).await;
+    again.assert_see_other("/dashboard/keys");
+    assert!(
+        !again
+            .set_cookies()
+            .iter()
+            .any(|c| c.starts_with("moderato_device=")),
+        "a new device cookie for a browser that holds a valid one"
+    );
+    // Signing out does not forget the device.
+    let csrf = session.csrf("/dashboard/keys").await;
+    session
+        .post("/dashboard/logout", &[("csrf_token", csrf.as_str())])
+        .await
+        .assert_see_other("/dashboard/login");
+    assert_eq!(session.cookies.get("moderato_device"), Some(&device.value));
+
+    let plain = app_from_toml(backend, "[dashboard]\ncookie_secure = false\n").await;
+    customer(&plain, "alice@example.com");
+    let page = Session::new(&plain)
+        .sign_in("alice@example.com", PASSWORD)
+        .await;
+    assert!(!device_cookie(&page).has("Secure"));
+}
+
+async fn a_device_cookie_of_another_account_does_not_help(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    customer(&app, "bob@example.com");
+    // Mallory has an account of her own (Bob's), and its device cookie.
+    let mut mallory = Session::from_address(&app, "198.51.100.30");
+    mallory
+        .sign_in("bob@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+    assert!(mallory.cookies.contains_key("moderato_device"));
+    lock_account_from_many_addresses(&app, "alice@example.com").await;
+
+    let page = mallory.sign_in("alice@example.com", PASSWORD).await;
+    assert_locked_out(&page);
+    // Her device cookie still works for Bob's account.
+    mallory
+        .sign_in("bob@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+}
+
+async fn a_forged_device_cookie_does_not_help(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    // Alice's real browser, for the cookie's shape.
+    let mut alices_browser = Session::from_address(&app, "198.51.100.20");
+    alices_browser
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+    let real = alices_browser.cookies["moderato_device"].clone();
+    lock_account_from_many_addresses(&app, "alice@example.com").await;
+
+    // Made up, of the right length and alphabet; and empty.
+    let forged: String = real
+        .chars()
+        .map(|c| if c == 'A' { 'B' } else { 'A' })
+        .collect();
+    for value in [forged.as_str(), ""] {
+        let mut attacker = Session::from_address(&app, "198.51.100.31");
+        attacker
+            .cookies
+            .insert("moderato_device".to_string(), value.to_string());
+        let page = attacker.sign_in("alice@example.com", PASSWORD).await;
+        assert_locked_out(&page);
+    }
+    // The real one still works.
+    alices_browser
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+}
+
+async fn a_device_that_fails_ten_times_is_locked_out(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    let mut browser = Session::from_address(&app, "198.51.100.20");
+    browser
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+    // Someone at that browser guesses, moving address every time.
+    for i in 0..10 {
+        browser.forwarded_for = Some(format!("198.51.100.{}", 100 + i));
+        let page = browser
+            .sign_in("alice@example.com", "wrong password here")
+            .await;
+        assert_eq!(page.status, 401, "failure {i}");
+    }
+    browser.forwarded_for = Some("198.51.100.200".to_string());
+    assert_locked_out(&browser.sign_in("alice@example.com", PASSWORD).await);
+    // Those were the device's failures, not the account's: Alice signs in
+    // from another client.
+    Session::from_address(&app, "198.51.100.201")
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+}
+
+/// Moves every stored sign-in failure back by `minutes`.
+async fn age_sign_in_failures(app: &TestApp, minutes: i64) {
+    let at = Utc::now() - chrono::Duration::minutes(minutes);
+    if app.db.url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(&app.db.url).await.expect("pg");
+        sqlx::query("UPDATE sign_in_failures SET at = $1")
+            .bind(at)
+            .execute(&pool)
+            .await
+            .expect("age failures");
+    } else {
+        let pool = sqlx::SqlitePool::connect(&app.db.url)
+            .await
+            .expect("sqlite");
+        // The format the SQLite store writes (compared as text).
+        let text = at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        sqlx::query("UPDATE sign_in_failures SET at = ?")
+            .bind(text)
+            .execute(&pool)
+            .await
+            .expect("age failures");
+    }
+}
+
+async fn the_account_lock_ends_with_its_window(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    lock_account_from_many_addresses(&app, "alice@example.com").await;
+    assert_fresh_client_locked_out(&app, "alice@example.com").await;
+
+    // Fourteen minutes later, still locked; sixteen, open again.
+    age_sign_in_failures(&app, 14).await;
+    assert_fresh_client_locked_out(&app, "alice@example.com").await;
+    age_sign_in_failures(&app, 16).await;
+    Session::from_address(&app, "198.51.100.50")
+        .sign_in("alice@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
 }
@@ -396,6 +631,24 @@ async fn every_form_needs_its_csrf_token(backend: Backend) {
     assert_refused_without_token(
         &mut root,
         &format!("/dashboard/admin/accounts/{alice_id}/disable"),
+        &[],
+    )
+    .await;
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    assert_refused_without_token(
+        &mut root,
+        &format!("/dashboard/admin/accounts/{alice_id}/keys"),
+        &[("name", "planted")],
+    )
+    .await;
+    assert_eq!(
+        app.store.list_keys().await.unwrap().len(),
+        keys_before,
+        "a key made for Alice without a token"
+    );
+    assert_refused_without_token(
+        &mut root,
+        &format!("/dashboard/admin/accounts/{alice_id}/keys/{key_id}/revoke"),
         &[],
     )
     .await;
@@ -627,6 +880,30 @@ async fn admin_pages_are_not_found_for_customers(backend: Backend) {
         )
         .await;
     assert_eq!(disable.status, 404);
+    // Nor can she make or revoke Bob's keys through the admin's routes.
+    let mut bob_session = Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+    let (bob_key_id, bob_key) = bob_session.create_key("bob's").await;
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let create_key = alice
+        .post(
+            &format!("/dashboard/admin/accounts/{bob_id}/keys"),
+            &[("name", "mallory's"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(create_key.status, 404);
+    assert!(!create_key.has_testid("new-key"));
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
+    let revoke_path = format!("/dashboard/admin/accounts/{bob_id}/keys/{bob_key_id}/revoke");
+    let confirm = alice.get(&revoke_path).await;
+    assert_eq!(confirm.status, 404);
+    assert!(!confirm.body.contains("bob's"));
+    let revoke = alice
+        .post(&revoke_path, &[("csrf_token", csrf.as_str())])
+        .await;
+    assert_eq!(revoke.status, 404);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(app.moderate_text(&bob_key, "hello").await.status(), 200);
+
     let listed = list_accounts(&app);
     let bob_now = listed
         .iter()
@@ -634,6 +911,352 @@ async fn admin_pages_are_not_found_for_customers(backend: Backend) {
         .expect("bob listed");
     assert_ne!(bob_now["tier"], "pro", "{bob_now}");
     Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+}
+
+async fn admin_creates_and_revokes_a_customers_key(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    customer(&app, "bob@example.com");
+    create_account(&app, "root@example.com", "admin", &[]);
+    let alice_id = account_id(&app, "alice@example.com");
+    let account_path = format!("/dashboard/admin/accounts/{alice_id}");
+    let mut root = Session::signed_in(&app, "root@example.com", PASSWORD).await;
+
+    let page = root.get(&account_path).await;
+    assert_eq!(page.status, 200);
+    assert!(page
+        .body
+        .contains(&format!(r#"action="{account_path}/keys""#)));
+    let csrf = page.csrf();
+    let created = root
+        .post(
+            &format!("{account_path}/keys"),
+            &[("name", "made by support"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let secret = created.testid_text("new-key").expect("new-key element");
+    assert!(secret.starts_with("mdr_"), "{secret:?}");
+    assert!(created.has_testid("copy-key"));
+    assert!(created
+        .body
+        .to_lowercase()
+        .contains("cannot be shown again"));
+    let id = key_id_of(&secret);
+    let row = key_rows(&created.body)
+        .remove(&id)
+        .expect("the new key's row");
+    assert_eq!(cell(&row, "name"), "made by support");
+    assert_eq!(cell(&row, "plan"), "free", "the account's plan");
+    assert!(row.contains(&format!(r#"href="{account_path}/keys/{id}/revoke""#)));
+
+    // Shown once.
+    let reloaded = root.get(&account_path).await;
+    assert!(!reloaded.has_testid("new-key"));
+    assert!(!reloaded.body.contains(secret.rsplit('_').next().unwrap()));
+
+    // It works on the API with Alice's plan, and it is on her own keys page.
+    let response = app.moderate_text(&secret, "hello").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-ratelimit-limit"], "10");
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let hers = alice.get("/dashboard/keys").await;
+    let row = key_rows(&hers.body).remove(&id).expect("on Alice's page");
+    assert_eq!(cell(&row, "name"), "made by support");
+    assert_eq!(cell(&row, "status"), "active");
+
+    // A name is required, as on the customer's page.
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let nameless = root
+        .post(
+            &format!("{account_path}/keys"),
+            &[("name", "  "), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(nameless.status, 400);
+    assert!(nameless
+        .testid_text("key-error")
+        .is_some_and(|m| m.contains("name")));
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
+
+    // Another account's key under Alice's page, and unknown ids: 404.
+    let mut bob = Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+    let (bob_key_id, bob_key) = bob.create_key("bob's").await;
+    for path in [
+        format!("{account_path}/keys/{bob_key_id}/revoke"),
+        format!("{account_path}/keys/0123456789abcdef/revoke"),
+        format!("{account_path}/keys/not-a-key/revoke"),
+    ] {
+        assert_eq!(root.get(&path).await.status, 404, "GET {path}");
+        let posted = root.post(&path, &[("csrf_token", csrf.as_str())]).await;
+        assert_eq!(posted.status, 404, "POST {path}");
+    }
+    let unknown_account = root
+        .post(
+            "/dashboard/admin/accounts/6f1c2a9e-0000-4000-8000-000000000000/keys",
+            &[("name", "x"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(unknown_account.status, 404);
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before + 1);
+
+    // Revoked after a confirmation: refused by the API within a second.
+    let confirm_path = format!("{account_path}/keys/{id}/revoke");
+    let confirm = root.get(&confirm_path).await;
+    assert_eq!(confirm.status, 200);
+    assert!(confirm.has_testid("confirm-revoke"));
+    assert!(confirm
+        .body
+        .contains(&format!(r#"action="{confirm_path}""#)));
+    assert!(confirm.body.contains(&format!(r#"href="{account_path}""#)));
+    assert_eq!(
+        confirm.testid_text("key-owner").as_deref(),
+        Some("alice@example.com")
+    );
+    let revoked = root
+        .post(&confirm_path, &[("csrf_token", confirm.csrf().as_str())])
+        .await;
+    revoked.assert_see_other(&account_path);
+    let took = until_api_answers(&app, &secret, 401, Duration::from_secs(1)).await;
+    eprintln!("revoked by an admin: the API refused the key after {took:?}");
+    let hers = alice.get("/dashboard/keys").await;
+    let row = key_rows(&hers.body).remove(&id).expect("on Alice's page");
+    assert_eq!(cell(&row, "status"), "revoked");
+    // Bob's key was not touched.
+    assert_eq!(app.moderate_text(&bob_key, "hello").await.status(), 200);
+}
+
+async fn operator_keys_are_revoked_but_not_made_in_the_dashboard(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    let (cli_id, cli_key) = app.create_key(moderato::store::Tier::Pro, None).await;
+    let operator = format!(
+        "/dashboard/admin/accounts/{}",
+        moderato::access::AccountId::OPERATOR
+    );
+    let mut root = Session::signed_in(&app, "root@example.com", PASSWORD).await;
+    let page = root.get(&operator).await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains(&format!(r#"action="{operator}/keys""#)));
+    let csrf = page.csrf();
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let refused = root
+        .post(
+            &format!("{operator}/keys"),
+            &[("name", "x"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert!(refused
+        .testid_text("key-error")
+        .is_some_and(|m| m.contains("moderato keys create")));
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
+
+    assert_eq!(app.moderate_text(&cli_key, "hello").await.status(), 200);
+    root.post(
+        &format!("{operator}/keys/{cli_id}/revoke"),
+        &[("csrf_token", csrf.as_str())],
+    )
+    .await
+    .assert_see_other(&operator);
+    until_api_answers(&app, &cli_key, 401, Duration::from_secs(1)).await;
+}
+
+/// The app with `dashboard.signup = "open"`, behind a trusted proxy.
+async fn app_with_open_signup(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |c| {
+        quick(c);
+        c.dashboard.signup = moderato::config::Signup::Open;
+        c.auth.trusted_proxies = vec![IpBlock::try_from("127.0.0.1".to_string()).unwrap()];
+    })
+    .await
+}
+
+/// Fills in the sign-up form from `address`; the answer and how long the
+/// POST took.
+async fn sign_up(app: &TestApp, address: &str, email: &str, password: &str) -> (Page, Duration) {
+    let mut session = Session::from_address(app, address);
+    let form = session.get("/dashboard/signup").await;
+    assert_eq!(form.status, 200, "{}", form.body);
+    let csrf = form.csrf();
+    let start = std::time::Instant::now();
+    let page = session
+        .post(
+            "/dashboard/signup",
+            &[
+                ("email", email),
+                ("password", password),
+                ("csrf_token", csrf.as_str()),
+            ],
+        )
+        .await;
+    (page, start.elapsed())
+}
+
+/// An answer without what differs by design in every response: the date,
+/// the request id and the response signature over it, cookie values and
+/// form tokens.
+fn comparable(page: &Page) -> (u16, Vec<(String, String)>, String) {
+    let per_response = ["date", "x-request-id", "signature", "signature-input"];
+    let mut headers: Vec<(String, String)> = page
+        .headers
+        .iter()
+        .filter(|(name, _)| !per_response.contains(&name.as_str()))
+        .map(|(name, value)| {
+            let value = value.to_str().unwrap_or_default();
+            let value = if name.as_str() == "set-cookie" {
+                let cookie = SetCookie::parse(value);
+                format!("{}=<token>; {:?}", cookie.name, cookie.attributes)
+            } else {
+                value.to_string()
+            };
+            (name.to_string(), value)
+        })
+        .collect();
+    headers.sort();
+    let body = Regex::new(r#"name="csrf_token" value="[^"]*""#)
+        .unwrap()
+        .replace_all(&page.body, r#"name="csrf_token" value="<token>""#)
+        .into_owned();
+    (page.status, headers, body)
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+async fn sign_up_does_not_tell_whether_an_email_is_taken(backend: Backend) {
+    let app = app_with_open_signup(backend).await;
+    customer(&app, "alice@example.com");
+    let accounts_before = list_accounts(&app).len();
+
+    let (taken, _) = sign_up(
+        &app,
+        "203.0.113.40",
+        "alice@example.com",
+        "attacker's password 1",
+    )
+    .await;
+    let (new, _) = sign_up(
+        &app,
+        "203.0.113.41",
+        "carol@example.com",
+        "carol's password 123",
+    )
+    .await;
+    taken.assert_see_other("/dashboard/login");
+    assert_eq!(comparable(&taken), comparable(&new));
+    assert_eq!(
+        taken.body, new.body,
+        "byte-identical bodies for a taken and a new address"
+    );
+
+    // Comparable time: the password is hashed either way.
+    let mut taken_times = Vec::new();
+    let mut new_times = Vec::new();
+    for i in 0..3 {
+        let (page, took) = sign_up(
+            &app,
+            &format!("203.0.113.{}", 50 + i),
+            "alice@example.com",
+            "another guess 12345",
+        )
+        .await;
+        page.assert_see_other("/dashboard/login");
+        taken_times.push(took);
+        let (page, took) = sign_up(
+            &app,
+            &format!("203.0.113.{}", 60 + i),
+            &format!("user{i}@example.com"),
+            "a new user's password",
+        )
+        .await;
+        page.assert_see_other("/dashboard/login");
+        new_times.push(took);
+    }
+    let (taken_median, new_median) = (median(taken_times), median(new_times));
+    // One argon2 hash at the service's cost, at its quickest here. Load on
+    // the machine only slows the service's answers, so an answer quicker
+    // than half of it did not hash.
+    let hash = (0..3)
+        .map(|_| {
+            let password = moderato::access::Password::new("a new user's password".into()).unwrap();
+            let start = std::time::Instant::now();
+            password.hash();
+            start.elapsed()
+        })
+        .min()
+        .unwrap();
+    eprintln!("sign-up median: taken {taken_median:?}, new {new_median:?}; one hash {hash:?}");
+    assert!(
+        taken_median * 2 >= hash && new_median * 2 >= hash,
+        "taken {taken_median:?} and new {new_median:?} against one hash of {hash:?}"
+    );
+
+    // Nothing changed for Alice; the new accounts exist.
+    assert_eq!(list_accounts(&app).len(), accounts_before + 4);
+    Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let attacker = Session::new(&app)
+        .sign_in("alice@example.com", "attacker's password 1")
+        .await;
+    assert_eq!(attacker.status, 401);
+    Session::signed_in(&app, "carol@example.com", "carol's password 123").await;
+}
+
+async fn sign_ups_are_bounded_per_address(backend: Backend) {
+    let app = app_with_open_signup(backend).await;
+    customer(&app, "alice@example.com");
+    for i in 0..5 {
+        let email = if i == 2 {
+            "alice@example.com".to_string()
+        } else {
+            format!("bulk{i}@example.com")
+        };
+        let (page, _) = sign_up(&app, "203.0.113.70", &email, "bulk password 12345").await;
+        page.assert_see_other("/dashboard/login");
+    }
+    let (refused, _) = sign_up(
+        &app,
+        "203.0.113.70",
+        "bulk5@example.com",
+        "bulk password 12345",
+    )
+    .await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let retry: u64 = refused
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
+    assert!((3500..=3600).contains(&retry), "Retry-After {retry}");
+    assert!(refused
+        .testid_text("error")
+        .is_some_and(|m| m.contains("Too many")));
+    let emails = |app: &TestApp| -> Vec<String> {
+        list_accounts(app)
+            .iter()
+            .map(|a| a["email"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert!(!emails(&app).contains(&"bulk5@example.com".to_string()));
+    assert_eq!(
+        emails(&app)
+            .iter()
+            .filter(|e| e.starts_with("bulk"))
+            .count(),
+        4
+    );
+    // Another address is not affected.
+    let (page, _) = sign_up(
+        &app,
+        "203.0.113.71",
+        "bulk5@example.com",
+        "bulk password 12345",
+    )
+    .await;
+    page.assert_see_other("/dashboard/login");
+    assert!(emails(&app).contains(&"bulk5@example.com".to_string()));
 }
 
 /// Usage figures of one key or the account, as the billing table has them.
@@ -860,6 +1483,21 @@ async fn admin_creates_an_account_sets_its_plan_and_disables_it(backend: Backend
         .await;
     disabled.assert_see_other(&format!("/dashboard/admin/accounts/{carol_id}"));
     until_api_answers(&app, &carol_key, 401, Duration::from_secs(1)).await;
+
+    // No new keys for a disabled account: they would not work.
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let refused = root
+        .post(
+            &format!("/dashboard/admin/accounts/{carol_id}/keys"),
+            &[("name", "after"), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert!(refused
+        .testid_text("key-error")
+        .is_some_and(|m| m.contains("disabled")));
+    assert!(!refused.has_testid("new-key"));
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
 }
 
 async fn first_password_link_lets_a_new_account_sign_in(backend: Backend) {
@@ -1087,11 +1725,20 @@ on_both_backends!(
     unknown_email_and_wrong_password_look_the_same,
     ten_failures_from_one_address_lock_that_address_only,
     ten_failures_for_one_account_lock_that_account,
+    sign_in_sets_a_long_lived_strict_device_cookie,
+    a_device_cookie_of_another_account_does_not_help,
+    a_forged_device_cookie_does_not_help,
+    a_device_that_fails_ten_times_is_locked_out,
+    the_account_lock_ends_with_its_window,
     every_form_needs_its_csrf_token,
     every_page_sends_the_security_headers,
     a_new_key_is_shown_once_works_and_dies_when_revoked,
     another_accounts_key_is_not_found,
     admin_pages_are_not_found_for_customers,
+    admin_creates_and_revokes_a_customers_key,
+    operator_keys_are_revoked_but_not_made_in_the_dashboard,
+    sign_up_does_not_tell_whether_an_email_is_taken,
+    sign_ups_are_bounded_per_address,
     usage_page_and_csv_show_the_billing_figures,
     admin_creates_an_account_sets_its_plan_and_disables_it,
     first_password_link_lets_a_new_account_sign_in,

@@ -870,7 +870,9 @@ both_backends!(
     only_the_owner_revokes_an_account_key,
     account_keys_report_their_last_use,
     sessions_expire_when_idle_and_are_extended_when_seen,
-    sign_in_failures_are_counted_by_email_address_and_both,
+    sign_in_failures_are_counted_by_email_address_and_device,
+    device_cookies_belong_to_one_account_and_expire,
+    sign_ups_are_counted_by_address,
     password_tokens_are_single_use_and_expire,
 );
 
@@ -1172,48 +1174,100 @@ async fn sessions_expire_when_idle_and_are_extended_when_seen(ctx: Ctx) {
     store.delete_session(&[1; 32]).await.unwrap();
 }
 
-async fn sign_in_failures_are_counted_by_email_address_and_both(ctx: Ctx) {
+async fn sign_in_failures_are_counted_by_email_address_and_device(ctx: Ctx) {
     let store = ctx.store.as_ref();
     let t0 = at(2026, 6, 1, 8, 0, 0);
     let minutes = |m: i64| t0 + chrono::Duration::minutes(m);
-    store
-        .record_sign_in_failure("a@x.org", "10.0.0.1", minutes(0))
-        .await
-        .unwrap();
-    store
-        .record_sign_in_failure("a@x.org", "10.0.0.1", minutes(5))
-        .await
-        .unwrap();
-    store
-        .record_sign_in_failure("a@x.org", "10.0.0.2", minutes(6))
-        .await
-        .unwrap();
-    store
-        .record_sign_in_failure("b@x.org", "10.0.0.1", minutes(7))
-        .await
-        .unwrap();
+    let device = [7u8; 32];
+    for (email, address, dev, m) in [
+        ("a@x.org", "10.0.0.1", None, 0),
+        ("a@x.org", "10.0.0.1", None, 5),
+        ("a@x.org", "10.0.0.2", None, 6),
+        ("b@x.org", "10.0.0.1", None, 7),
+        // Made with a device cookie of a@x.org: the device's, not the account's.
+        ("a@x.org", "10.0.0.3", Some(&device[..]), 8),
+    ] {
+        store
+            .record_sign_in_failure(email, address, dev, minutes(m))
+            .await
+            .unwrap();
+    }
     let counts = store
-        .sign_in_failures("a@x.org", "10.0.0.1", minutes(-1))
+        .sign_in_failures("a@x.org", "10.0.0.1", None, minutes(-1))
         .await
         .unwrap();
     assert_eq!(
-        (counts.by_email, counts.by_address, counts.by_pair),
-        (3, 3, 2)
+        (
+            counts.by_email.count,
+            counts.by_address.count,
+            counts.by_device.count
+        ),
+        (3, 3, 0)
     );
-    assert_eq!(counts.oldest_by_email, Some(minutes(0)));
-    assert_eq!(counts.oldest_by_address, Some(minutes(0)));
-    // Older failures fall out of the window.
-    let later = store
-        .sign_in_failures("a@x.org", "10.0.0.1", minutes(5))
+    assert_eq!(counts.by_email.oldest, Some(minutes(0)));
+    assert_eq!(counts.by_address.oldest, Some(minutes(0)));
+    let with_device = store
+        .sign_in_failures("a@x.org", "10.0.0.3", Some(&device[..]), minutes(-1))
         .await
         .unwrap();
-    assert_eq!((later.by_email, later.by_address, later.by_pair), (2, 2, 1));
-    assert_eq!(later.oldest_by_email, Some(minutes(5)));
+    assert_eq!(with_device.by_device.count, 1);
+    assert_eq!(with_device.by_device.oldest, Some(minutes(8)));
+    assert_eq!(with_device.by_address.count, 1);
+    assert_eq!(
+        with_device.by_email.count, 3,
+        "device failures are not the account's"
+    );
+    // Older failures fall out of the window.
+    let later = store
+        .sign_in_failures("a@x.org", "10.0.0.1", None, minutes(5))
+        .await
+        .unwrap();
+    assert_eq!((later.by_email.count, later.by_address.count), (2, 2));
+    assert_eq!(later.by_email.oldest, Some(minutes(5)));
     let none = store
-        .sign_in_failures("c@x.org", "10.0.0.9", minutes(-1))
+        .sign_in_failures("c@x.org", "10.0.0.9", Some(&[9u8; 32][..]), minutes(-1))
         .await
         .unwrap();
     assert_eq!(none, SignInFailures::default());
+}
+
+async fn device_cookies_belong_to_one_account_and_expire(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("d@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    let now = Utc::now();
+    let later = now + chrono::Duration::days(1);
+    store
+        .insert_device(&[3; 32], &acct.id, now, later)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.device_account(&[3; 32], now).await.unwrap(),
+        Some(acct.id.clone())
+    );
+    assert_eq!(store.device_account(&[4; 32], now).await.unwrap(), None);
+    assert_eq!(
+        store.device_account(&[3; 32], later).await.unwrap(),
+        None,
+        "expired"
+    );
+}
+
+async fn sign_ups_are_counted_by_address(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let t0 = at(2026, 6, 1, 8, 0, 0);
+    let minutes = |m: i64| t0 + chrono::Duration::minutes(m);
+    for (address, m) in [("10.0.0.1", 0), ("10.0.0.1", 30), ("10.0.0.2", 31)] {
+        store.record_sign_up(address, minutes(m)).await.unwrap();
+    }
+    let all = store.sign_ups("10.0.0.1", minutes(-1)).await.unwrap();
+    assert_eq!((all.count, all.oldest), (2, Some(minutes(0))));
+    let recent = store.sign_ups("10.0.0.1", minutes(1)).await.unwrap();
+    assert_eq!((recent.count, recent.oldest), (1, Some(minutes(30))));
+    assert_eq!(
+        store.sign_ups("10.0.0.9", minutes(-1)).await.unwrap().count,
+        0
+    );
 }
 
 async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
