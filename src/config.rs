@@ -11,6 +11,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use crate::moderation::image::ImageLimits;
+use crate::moderation::remote_image::{self, RemoteImageSettings};
 use crate::moderation::vision::VisionSettings;
 use crate::moderation::{Category, Thresholds};
 use crate::store::Tier;
@@ -100,6 +101,7 @@ pub struct Config {
     #[serde(default)]
     pub vision: VisionSettings,
     pub text_model: TextModelConfig,
+    pub remote_images: RemoteImageSettings,
 }
 
 /// The text model's settings beyond the shipped heads.
@@ -408,6 +410,7 @@ impl Config {
             return invalid("usage.buffer_capacity and usage.batch_size must be positive".into());
         }
         self.validate_budget()?;
+        self.validate_remote_images()?;
         for (section, map) in [
             ("text", &self.thresholds.text),
             ("image", &self.thresholds.image),
@@ -428,6 +431,29 @@ impl Config {
 }
 
 impl Config {
+    fn validate_remote_images(&self) -> Result<(), ConfigError> {
+        let r = &self.remote_images;
+        let ceiling = self.limits.image.max_bytes;
+        if r.max_bytes.is_some_and(|max| max == 0 || max > ceiling) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.max_bytes must be between 1 and limits.image.max_bytes ({ceiling}); leave it unset for that limit"
+            )));
+        }
+        if !(1..=remote_image::MAX_TIMEOUT_MS).contains(&r.timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.timeout_ms must be between 1 and {}",
+                remote_image::MAX_TIMEOUT_MS
+            )));
+        }
+        if !(1..=remote_image::MAX_CONCURRENT_FETCHES).contains(&r.max_concurrent_fetches) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.max_concurrent_fetches must be between 1 and {}",
+                remote_image::MAX_CONCURRENT_FETCHES
+            )));
+        }
+        Ok(())
+    }
+
     fn validate_budget(&self) -> Result<(), ConfigError> {
         let b = &self.budget;
         let positive = [
