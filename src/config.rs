@@ -624,6 +624,59 @@ mod tests {
     }
 
     #[test]
+    fn remote_images_are_off_by_default_and_checked_when_configured() {
+        use crate::moderation::remote_image::AllowedHost;
+        figment::Jail::expect_with(|jail| {
+            let config = Config::load(None).expect("defaults");
+            assert!(!config.remote_images.enabled);
+            assert!(config.remote_images.allowed_hosts.is_empty());
+            assert!(!config.remote_images.allow_http);
+            assert_eq!(config.remote_images.max_bytes, None);
+
+            jail.set_env("MODERATO_REMOTE_IMAGES__ENABLED", "true");
+            jail.set_env(
+                "MODERATO_REMOTE_IMAGES__ALLOWED_HOSTS",
+                "[\"Images.Example.com\", \"*.cdn.example.net\"]",
+            );
+            let config = Config::load(None).expect("valid");
+            assert_eq!(
+                config.remote_images.allowed_hosts,
+                [
+                    AllowedHost::Exact("images.example.com".into()),
+                    AllowedHost::Subdomains(".cdn.example.net".into())
+                ]
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_BYTES", "4194305");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("remote_images.max_bytes"), "{err}");
+            jail.set_env("MODERATO_LIMITS__IMAGE__MAX_BYTES", "8388608");
+            assert_eq!(
+                Config::load(None).unwrap().remote_images.max_bytes,
+                Some(4194305),
+                "the ceiling is the inline limit, whatever it is"
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__TIMEOUT_MS", "0");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("remote_images.timeout_ms"), "{err}");
+            jail.set_env("MODERATO_REMOTE_IMAGES__TIMEOUT_MS", "5000");
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_CONCURRENT_FETCHES", "0");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("remote_images.max_concurrent_fetches"),
+                "{err}"
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_CONCURRENT_FETCHES", "16");
+            jail.set_env(
+                "MODERATO_REMOTE_IMAGES__ALLOWED_HOSTS",
+                "[\"https://images.example.com/\"]",
+            );
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("https://images.example.com/"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn invalid_values_are_refused_with_the_key_named() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("MODERATO_AUTH__KEY_CACHE_TTL_MS", "5000");

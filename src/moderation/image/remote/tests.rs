@@ -12,7 +12,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::moderation::image::ImageError;
+use crate::moderation::engine::{
+    Engine, EngineBudget, EngineError, EngineParts, ImageSource, Item, ItemOutcome,
+};
+use crate::moderation::image::{DecodedImage, ImageError};
+use crate::moderation::null::NullClassifier;
+use crate::moderation::{Category, ImageClassifier, ImageScores, Thresholds};
 
 const MAX_BYTES: usize = 4096;
 const TIMEOUT_MS: u64 = 400;
@@ -134,6 +139,9 @@ fn routes(path: &str, addr: SocketAddr) -> Reply {
             Reply::UntilClose(body)
         }
         "/stall-body" => Reply::StallBody,
+        "/cut-short" => {
+            Reply::Raw(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n\x89PNG".to_vec())
+        }
         "/stall-head" => Reply::StallHead,
         "/missing" => status(404, None),
         "/broken" => status(500, None),
@@ -408,44 +416,10 @@ fn allow_list_entries_are_host_names() {
 /// same validation a data URL meets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
-    use crate::moderation::engine::{
-        Engine, EngineError, EngineParts, ImageSource, Item, ItemOutcome,
-    };
-    use crate::moderation::{ImageClassifier, ImageScores, Thresholds};
-
-    struct Fixed;
-    impl ImageClassifier for Fixed {
-        fn model_id(&self) -> String {
-            "fixed".into()
-        }
-        fn score(
-            &self,
-            image: &crate::moderation::image::DecodedImage,
-        ) -> anyhow::Result<ImageScores> {
-            assert_eq!((image.width, image.height), (16, 12));
-            Ok(ImageScores {
-                scores: Default::default(),
-                evaluated: vec![crate::moderation::Category::Sexual],
-            })
-        }
-        fn default_thresholds(&self) -> Thresholds {
-            Thresholds::uniform(0.5)
-        }
-    }
-
     let host = FakeHost::start(routes).await;
     let remote = loopback_fetcher();
-    let engine = Engine::new(EngineParts {
-        text: Arc::new(crate::moderation::null::NullClassifier),
-        text_thresholds: Thresholds::uniform(0.5),
-        image: Some(Arc::new(Fixed)),
-        image_thresholds: Thresholds::uniform(0.5),
-        image_limits: ImageLimits::default(),
-        vision: None,
-        budget: Default::default(),
-    });
-    let item =
-        |path: &str| Item::Image(ImageSource::Remote(remote.check(&host.url(path)).unwrap()));
+    let engine = engine(EngineBudget::default());
+    let item = |path: &str| remote_item(&remote, &host.url(path));
 
     let moderation = engine
         .moderate(vec![item("/cat.png")], false)
@@ -478,5 +452,114 @@ async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
             })
         ),
         "{refused:?}"
+    );
+}
+
+/// Scores every image the same, after checking it is the test PNG.
+struct Fixed;
+
+impl ImageClassifier for Fixed {
+    fn model_id(&self) -> String {
+        "fixed".into()
+    }
+    fn score(&self, image: &DecodedImage) -> anyhow::Result<ImageScores> {
+        assert_eq!((image.width, image.height), (16, 12));
+        Ok(ImageScores {
+            scores: Default::default(),
+            evaluated: vec![Category::Sexual],
+        })
+    }
+    fn default_thresholds(&self) -> Thresholds {
+        Thresholds::uniform(0.5)
+    }
+}
+
+fn engine(budget: EngineBudget) -> Engine {
+    Engine::new(EngineParts {
+        text: Arc::new(NullClassifier),
+        text_thresholds: Thresholds::uniform(0.5),
+        image: Some(Arc::new(Fixed)),
+        image_thresholds: Thresholds::uniform(0.5),
+        image_limits: ImageLimits::default(),
+        vision: None,
+        budget,
+    })
+}
+
+fn remote_item(remote: &RemoteImages, url: &str) -> Item {
+    Item::Image(ImageSource::Remote(remote.check(url).expect("allowed")))
+}
+
+/// A fetch never holds a request past its deadline, even when the fetch's
+/// own timeout is longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_stops_at_the_request_deadline() {
+    let host = FakeHost::start(routes).await;
+    let fetcher = Fetcher::new(
+        &RemoteImageSettings {
+            timeout_ms: 30_000,
+            ..settings(&["localhost"])
+        },
+        &ImageLimits::default(),
+        AddressPolicy::LoopbackToo,
+    )
+    .unwrap();
+    let remote = RemoteImages::Enabled(fetcher);
+    let engine = engine(EngineBudget {
+        deadline: Duration::from_millis(300),
+        ..EngineBudget::default()
+    });
+    let started = Instant::now();
+    let result = engine
+        .moderate(vec![remote_item(&remote, &host.url("/stall-body"))], false)
+        .await;
+    assert!(
+        matches!(result, Err(EngineError::DeadlineExceeded(_))),
+        "{result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// With every fetch slot taken, the next fetch waits at most the timeout for
+/// one and is then refused as busy, without connecting: clients cannot pile
+/// up sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetches_beyond_the_pool_are_refused_as_busy() {
+    let host = FakeHost::start(routes).await;
+    let fetcher = Fetcher::new(
+        &RemoteImageSettings {
+            max_concurrent_fetches: 1,
+            ..settings(&["localhost"])
+        },
+        &ImageLimits::default(),
+        AddressPolicy::LoopbackToo,
+    )
+    .unwrap();
+    let remote = RemoteImages::Enabled(fetcher.clone());
+    let taken = fetcher.inner.slots.acquire().await.unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        fetch(&remote, &host.url("/cat.png")).await,
+        Err(FetchError::Busy { ms: TIMEOUT_MS })
+    );
+    assert!(started.elapsed() >= Duration::from_millis(TIMEOUT_MS));
+    assert_eq!(host.connections(), 0, "the refused fetch never connected");
+    drop(taken);
+    assert!(fetch(&remote, &host.url("/cat.png")).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_refused() {
+    let host = FakeHost::start(routes).await;
+    let remote = loopback_fetcher();
+    assert_eq!(
+        fetch(&remote, &host.url("/cut-short")).await,
+        Err(FetchError::Interrupted {
+            host: "localhost".into()
+        })
     );
 }
