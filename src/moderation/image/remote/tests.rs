@@ -394,8 +394,13 @@ fn allow_list_entries_are_host_names() {
         parse("2001:db8::1"),
         Ok(AllowedHost::Exact("2001:db8::1".into()))
     );
+    assert_eq!(
+        parse("Bücher.example"),
+        Ok(AllowedHost::Exact("xn--bcher-kva.example".into()))
+    );
     for bad in [
         "",
+        "*.1.2.3",
         "*",
         "*.",
         "a.*.com",
