@@ -11,6 +11,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use crate::moderation::image::ImageLimits;
+use crate::moderation::remote_image::{self, RemoteImageSettings};
 use crate::moderation::vision::VisionSettings;
 use crate::moderation::{Category, Thresholds};
 use crate::store::Tier;
@@ -100,6 +101,7 @@ pub struct Config {
     #[serde(default)]
     pub vision: VisionSettings,
     pub text_model: TextModelConfig,
+    pub remote_images: RemoteImageSettings,
 }
 
 /// The text model's settings beyond the shipped heads.
@@ -431,6 +433,7 @@ impl Config {
             return invalid("usage.buffer_capacity and usage.batch_size must be positive".into());
         }
         self.validate_budget()?;
+        self.validate_remote_images()?;
         for (section, map) in [
             ("text", &self.thresholds.text),
             ("image", &self.thresholds.image),
@@ -451,6 +454,29 @@ impl Config {
 }
 
 impl Config {
+    fn validate_remote_images(&self) -> Result<(), ConfigError> {
+        let r = &self.remote_images;
+        let ceiling = self.limits.image.max_bytes;
+        if r.max_bytes.is_some_and(|max| max == 0 || max > ceiling) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.max_bytes must be between 1 and limits.image.max_bytes ({ceiling}); leave it unset for that limit"
+            )));
+        }
+        if !(1..=remote_image::MAX_TIMEOUT_MS).contains(&r.timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.timeout_ms must be between 1 and {}",
+                remote_image::MAX_TIMEOUT_MS
+            )));
+        }
+        if !(1..=remote_image::MAX_CONCURRENT_FETCHES).contains(&r.max_concurrent_fetches) {
+            return Err(ConfigError::Invalid(format!(
+                "remote_images.max_concurrent_fetches must be between 1 and {}",
+                remote_image::MAX_CONCURRENT_FETCHES
+            )));
+        }
+        Ok(())
+    }
+
     fn validate_budget(&self) -> Result<(), ConfigError> {
         let b = &self.budget;
         let positive = [
@@ -616,6 +642,59 @@ mod tests {
             jail.set_env("MODERATO_METRICS_ADDR", "nine");
             let err = Config::load(None).unwrap_err().to_string();
             assert!(err.contains("metrics_addr"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn remote_images_are_off_by_default_and_checked_when_configured() {
+        use crate::moderation::remote_image::AllowedHost;
+        figment::Jail::expect_with(|jail| {
+            let config = Config::load(None).expect("defaults");
+            assert!(!config.remote_images.enabled);
+            assert!(config.remote_images.allowed_hosts.is_empty());
+            assert!(!config.remote_images.allow_http);
+            assert_eq!(config.remote_images.max_bytes, None);
+
+            jail.set_env("MODERATO_REMOTE_IMAGES__ENABLED", "true");
+            jail.set_env(
+                "MODERATO_REMOTE_IMAGES__ALLOWED_HOSTS",
+                "[\"Images.Example.com\", \"*.cdn.example.net\"]",
+            );
+            let config = Config::load(None).expect("valid");
+            assert_eq!(
+                config.remote_images.allowed_hosts,
+                [
+                    AllowedHost::Exact("images.example.com".into()),
+                    AllowedHost::Subdomains(".cdn.example.net".into())
+                ]
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_BYTES", "4194305");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("remote_images.max_bytes"), "{err}");
+            jail.set_env("MODERATO_LIMITS__IMAGE__MAX_BYTES", "8388608");
+            assert_eq!(
+                Config::load(None).unwrap().remote_images.max_bytes,
+                Some(4194305),
+                "the ceiling is the inline limit, whatever it is"
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__TIMEOUT_MS", "0");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("remote_images.timeout_ms"), "{err}");
+            jail.set_env("MODERATO_REMOTE_IMAGES__TIMEOUT_MS", "5000");
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_CONCURRENT_FETCHES", "0");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("remote_images.max_concurrent_fetches"),
+                "{err}"
+            );
+            jail.set_env("MODERATO_REMOTE_IMAGES__MAX_CONCURRENT_FETCHES", "16");
+            jail.set_env(
+                "MODERATO_REMOTE_IMAGES__ALLOWED_HOSTS",
+                "[\"https://images.example.com/\"]",
+            );
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("https://images.example.com/"), "{err}");
             Ok(())
         });
     }

@@ -61,6 +61,16 @@ pub async fn run_with_metrics(
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);
+    let remote_images = moderation::remote_image::RemoteImages::from_settings(
+        &config.remote_images,
+        &config.limits.image,
+    )?;
+    if config.remote_images.enabled {
+        tracing::info!(
+            hosts = config.remote_images.allowed_hosts.len(),
+            "remote image URLs are fetched from the allowed hosts (public addresses only)"
+        );
+    }
     let limiter = match &config.redis_url {
         Some(url) => ratelimit::RateLimiter::with_redis(&url.0, "moderato:rl:")
             .map_err(anyhow::Error::msg)?,
@@ -86,6 +96,7 @@ pub async fn run_with_metrics(
         limits: config.limits.clone(),
         budget: config.budget.clone(),
         engine,
+        remote_images,
         store,
         keys: http::auth::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
         pepper,

@@ -37,6 +37,7 @@ pub mod names {
     pub const CACHE_HITS: &str = "moderato_embedding_cache_hits_total";
     pub const CACHE_MISSES: &str = "moderato_embedding_cache_misses_total";
     pub const DATABASE_ERRORS: &str = "moderato_database_errors_total";
+    pub const REMOTE_IMAGE_FETCHES: &str = "moderato_remote_image_fetches_total";
 }
 
 /// Upper bounds of the latency buckets, in seconds: a short text is a few
@@ -182,6 +183,11 @@ fn describe() {
         "Text chunks that went through the encoder"
     );
     describe_counter!(
+        REMOTE_IMAGE_FETCHES,
+        Unit::Count,
+        "Remote image URLs, by outcome (fetched, or why not: disabled, host_not_allowed, not_public, timeout, too_large, http_status, ...)"
+    );
+    describe_counter!(
         DATABASE_ERRORS,
         Unit::Count,
         "Database errors, by kind (unavailable, conflict, other)"
@@ -192,7 +198,7 @@ fn describe() {
 mod tests {
     use super::names::*;
 
-    const ALL: [&str; 18] = [
+    const ALL: [&str; 19] = [
         HTTP_REQUESTS,
         HTTP_DURATION,
         MODEL_DURATION,
@@ -211,6 +217,7 @@ mod tests {
         CACHE_HITS,
         CACHE_MISSES,
         DATABASE_ERRORS,
+        REMOTE_IMAGE_FETCHES,
     ];
 
     /// The shipped dashboard queries only metrics the service exports, and

@@ -41,6 +41,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
 use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
+use crate::moderation::remote_image::RemoteImages;
 use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
 use crate::signing::ResponseSigner;
 use crate::store::{Endpoint, Store};
@@ -53,6 +54,8 @@ pub struct Shared {
     pub limits: Limits,
     pub budget: BudgetConfig,
     pub engine: Arc<Engine>,
+    /// Whether and how `image_url` parts with http(s) URLs are fetched.
+    pub remote_images: RemoteImages,
     pub store: Arc<dyn Store>,
     pub keys: auth::KeyCache,
     pub pepper: Pepper,

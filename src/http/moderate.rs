@@ -15,7 +15,7 @@ use super::extract::JsonBody;
 use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::moderation::engine::{Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
 use crate::moderation::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
@@ -419,7 +419,7 @@ impl InputItem {
     fn into_item(self) -> Item {
         match self {
             InputItem::Text { text } => Item::Text(text),
-            InputItem::Image { base64 } => Item::Image(base64),
+            InputItem::Image { base64 } => Item::Image(ImageSource::DataUri(base64)),
         }
     }
 }

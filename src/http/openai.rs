@@ -25,7 +25,8 @@ use super::extract::JsonBody;
 use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::moderation::engine::{Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::remote_image::RemoteImages;
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
 /// OpenAI's categories that Moderato does not judge: always `false` and 0,
@@ -60,6 +61,8 @@ enum Part {
     Text(String),
     /// A `data:image/...;base64,...` URL.
     Image(String),
+    /// An `http(s)://` URL: fetched only if the operator's rules allow it.
+    RemoteImage(String),
 }
 
 /// How the input was shaped, kept after its content went to the engine:
@@ -72,21 +75,38 @@ enum Shape {
 }
 
 impl Input {
-    fn into_items(self) -> (Shape, Vec<Item>) {
-        match self {
+    /// The engine's items; remote image URLs are checked against the
+    /// operator's rules here, before any other work (no DNS look-up, no
+    /// connection: those wait for the engine).
+    fn into_items(self, remote: &RemoteImages) -> Result<(Shape, Vec<Item>), ApiError> {
+        Ok(match self {
             Input::One(text) => (Shape::One, vec![Item::Text(text)]),
             Input::Texts(texts) => (Shape::Texts, texts.into_iter().map(Item::Text).collect()),
             Input::Parts(parts) => {
                 let items = parts
                     .into_iter()
-                    .map(|part| match part {
-                        Part::Text(text) => Item::Text(text),
-                        Part::Image(url) => Item::Image(url),
-                    })
-                    .collect();
+                    .enumerate()
+                    .map(|(index, part)| part.into_item(index, remote))
+                    .collect::<Result<_, _>>()?;
                 (Shape::Parts, items)
             }
-        }
+        })
+    }
+}
+
+impl Part {
+    fn into_item(self, index: usize, remote: &RemoteImages) -> Result<Item, ApiError> {
+        Ok(match self {
+            Part::Text(text) => Item::Text(text),
+            Part::Image(url) => Item::Image(ImageSource::DataUri(url)),
+            Part::RemoteImage(url) => {
+                let checked = remote.check(&url).map_err(|error| {
+                    let field = Shape::Parts.field_name(index, ItemKind::Image);
+                    pipeline::fetch_error(&field, error)
+                })?;
+                Item::Image(ImageSource::Remote(checked))
+            }
+        })
     }
 }
 
@@ -244,15 +264,15 @@ fn parse_part(mut part: serde_json::Map<String, serde_json::Value>) -> Result<Pa
     }
 }
 
-/// Only inline images: fetching a URL the client names would let any
-/// client make this server connect wherever it says (request forgery).
+/// An inline image, or a remote one, which the handler checks against the
+/// operator's rules (the parser has no configuration).
 fn image_url(url: String) -> Result<Part, String> {
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase());
     match scheme.as_deref() {
         Some("data") => Ok(Part::Image(url)),
-        Some("http" | "https") => Err(".image_url.url: remote image URLs are not fetched by this server; send the image inline as a data URL (data:image/png;base64,...)".into()),
+        Some("http" | "https") => Ok(Part::RemoteImage(url)),
         _ => Err(".image_url.url: expected a data URL (data:image/png;base64,...)".into()),
     }
 }
@@ -270,7 +290,7 @@ impl PartialSchema for Input {
             .property(
                 "url",
                 string().description(Some(
-                    "A data URL, `data:image/<png|jpeg|gif|webp>;base64,<data>`; remote URLs are refused.",
+                    "A data URL, `data:image/<png|jpeg|gif|webp>;base64,<data>`. An `https://` URL is fetched only when the operator enabled fetching and allowed its host (never from private or loopback addresses); otherwise it is refused with 400.",
                 )),
             )
             .required("url");
@@ -511,7 +531,7 @@ pub async fn moderations(
     Extension(key): Extension<AuthenticatedKey>,
     JsonBody(request): JsonBody<ModerationsRequest>,
 ) -> Result<Response, ApiError> {
-    let (shape, items) = request.input.into_items();
+    let (shape, items) = request.input.into_items(&state.remote_images)?;
     let field = |index: usize, kind: ItemKind| shape.field_name(index, kind);
     let scored = match pipeline::moderate(&state, &key.0, items, false, &field).await? {
         Ok(scored) => scored,
@@ -555,13 +575,33 @@ mod tests {
     }
 
     #[test]
+    fn remote_urls_are_checked_against_the_rules_and_named() {
+        let Ok(Input::Parts(parts)) = parse(
+            r#"{"input":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"HTTPS://example.com/a.png"}}]}"#,
+        ) else {
+            panic!("an https URL parses")
+        };
+        assert!(matches!(&parts[1], Part::RemoteImage(u) if u.ends_with("/a.png")));
+        let input = Input::Parts(parts);
+        let Err(error) = input.into_items(&RemoteImages::Disabled) else {
+            panic!("refused while fetching is off")
+        };
+        let message = error.to_string();
+        assert!(
+            message.starts_with("input[1].image_url.url: remote image URLs are not fetched"),
+            "{message}"
+        );
+        assert_eq!(error.code(), crate::http::error::ErrorCode::InvalidRequest);
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let err = parse(
-            r#"{"input":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}"#,
+            r#"{"input":[{"type":"image_url","image_url":{"url":"ftp://example.com/a.png"}}]}"#,
         )
         .unwrap_err();
         assert!(
-            err.starts_with("input[0].image_url.url: remote image URLs"),
+            err.starts_with("input[0].image_url.url: expected a data URL"),
             "{err}"
         );
         let err = parse(r#"{"input":["a",{"type":"text","text":"b"}]}"#).unwrap_err();

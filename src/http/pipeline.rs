@@ -13,6 +13,7 @@ use super::AppState;
 use crate::config::{BudgetConfig, Limits};
 use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
 use crate::moderation::image::ImageError;
+use crate::moderation::remote_image::FetchError;
 use crate::moderation::Category;
 use crate::ratelimit::Decision;
 use crate::store::ApiKeyRecord;
@@ -232,6 +233,7 @@ fn engine_error(error: EngineError, kinds: &[ItemKind], field: FieldName<'_>) ->
         EngineError::Image { index, error: ImageError::Invalid(m) } => {
             ApiError::InvalidImage(format!("{}: {m}", name(index)))
         }
+        EngineError::Fetch { index, error } => fetch_error(&name(index), error),
         EngineError::TooManyPixels { pixels, limit } => ApiError::PayloadTooLarge(format!(
             "input: the images have {pixels} pixels in all; the limit is {limit} pixels per request"
         )),
@@ -247,5 +249,23 @@ fn engine_error(error: EngineError, kinds: &[ItemKind], field: FieldName<'_>) ->
             "input[{index}]: image items are not accepted because this server has no image classifier configured"
         )),
         EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
+    }
+}
+
+/// A remote image URL refused or not fetched, as the client sees it, named
+/// by `field`. Off by the operator's choice stays the request error it was
+/// before fetching existed (like image items with no image classifier);
+/// over the size limit is 413 like an inline image over it; a full fetch
+/// pool is ours to fix (503); everything else is about the image the client
+/// pointed to (400 `invalid_image`): a host that is not allowed, not public,
+/// slow, failing or serving something else. Never 5xx for those: retrying
+/// the same URL would not help.
+pub fn fetch_error(field: &str, error: FetchError) -> ApiError {
+    let message = format!("{field}: {error}");
+    match error {
+        FetchError::Disabled => ApiError::InvalidRequest(message),
+        FetchError::TooLarge { .. } => ApiError::PayloadTooLarge(message),
+        FetchError::Busy { .. } => ApiError::Overloaded(message),
+        _ => ApiError::InvalidImage(message),
     }
 }

@@ -17,6 +17,7 @@ use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier};
 use super::deadline::{Deadline, DeadlineExceeded};
 use super::image::{self, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits};
+use super::remote_image::{FetchError, RemoteImageUrl};
 use super::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
 
 /// Images up to this many pixels (a 2560×1600 screen) are light jobs.
@@ -26,8 +27,22 @@ const LIGHT_IMAGE_PIXELS: u64 = 4_096_000;
 #[derive(Clone, Debug)]
 pub enum Item {
     Text(String),
+    Image(ImageSource),
+}
+
+/// Where an image item's bytes come from.
+#[derive(Clone, Debug)]
+pub enum ImageSource {
     /// A `data:` URI, parsed and decoded by the engine off the executor.
-    Image(String),
+    DataUri(String),
+    /// A URL the operator's rules allowed, fetched by the engine.
+    Remote(RemoteImageUrl),
+}
+
+/// An image item's bytes in hand: still to parse, or fetched.
+enum LoadedImage {
+    DataUri(String),
+    Fetched(Bytes),
 }
 
 /// Scores and the decisions drawn from them.
@@ -85,6 +100,9 @@ pub enum EngineError {
     /// An image item is bad: the client's mistake.
     #[error("input[{index}].base64: {error}")]
     Image { index: usize, error: ImageError },
+    /// A remote image could not be fetched.
+    #[error("input[{index}]: {error}")]
+    Fetch { index: usize, error: FetchError },
     /// The images of one request have more pixels than a request may decode.
     #[error("the images have {pixels} pixels in all; the limit per request is {limit}")]
     TooManyPixels { pixels: u64, limit: u64 },
@@ -232,11 +250,11 @@ impl Engine {
                 Item::Image(_) => None,
             })
             .collect();
-        let images: Vec<(usize, String)> = items
+        let images: Vec<(usize, ImageSource)> = items
             .into_iter()
             .enumerate()
             .filter_map(|(i, item)| match item {
-                Item::Image(uri) => Some((i, uri)),
+                Item::Image(source) => Some((i, source)),
                 Item::Text(_) => None,
             })
             .collect();
@@ -325,32 +343,42 @@ impl Engine {
         EngineError::DeadlineExceeded(self.budget.deadline)
     }
 
-    /// Parses every image item and reads its header (no pixels yet), and
-    /// refuses a request whose images have more pixels in all than allowed.
+    /// Fetches the remote images, parses every image item and reads its
+    /// header (no pixels yet), and refuses a request whose images have more
+    /// pixels in all than allowed.
     async fn inspect_images(
         &self,
-        images: Vec<(usize, String)>,
+        images: Vec<(usize, ImageSource)>,
         deadline: &Deadline,
     ) -> Result<Vec<PendingImage>, EngineError> {
         if images.is_empty() {
             return Ok(Vec::new());
         }
+        let loaded = self.load_images(images, deadline).await?;
         let limits = self.image_limits.clone();
         let pending = self
             .on_cpu(Lane::Light, deadline, move || {
-                images
+                loaded
                     .into_iter()
-                    .map(|(index, uri)| {
-                        let inspected =
-                            image::parse_data_uri(&uri, &limits).and_then(|(format, bytes)| {
-                                let header = image::inspect(format, &bytes, &limits)?;
-                                Ok(PendingImage {
-                                    index,
-                                    format,
-                                    bytes,
-                                    header,
-                                })
-                            });
+                    .map(|(index, loaded)| {
+                        // A fetched image has no declared type: its bytes
+                        // say what it is. From here on both sources meet
+                        // exactly the same checks.
+                        let inspected = match loaded {
+                            LoadedImage::DataUri(uri) => image::parse_data_uri(&uri, &limits),
+                            LoadedImage::Fetched(bytes) => {
+                                image::sniff_format(&bytes).map(|format| (format, bytes))
+                            }
+                        }
+                        .and_then(|(format, bytes)| {
+                            let header = image::inspect(format, &bytes, &limits)?;
+                            Ok(PendingImage {
+                                index,
+                                format,
+                                bytes,
+                                header,
+                            })
+                        });
                         inspected.map_err(|error| EngineError::Image { index, error })
                     })
                     .collect::<Result<Vec<_>, EngineError>>()
@@ -364,6 +392,31 @@ impl Engine {
             });
         }
         Ok(pending)
+    }
+
+    /// The bytes of every image item: remote ones fetched, all at once
+    /// (each fetch bounded by the fetcher's limits) and within the request's
+    /// deadline; the first failure cancels the other fetches.
+    async fn load_images(
+        &self,
+        images: Vec<(usize, ImageSource)>,
+        deadline: &Deadline,
+    ) -> Result<Vec<(usize, LoadedImage)>, EngineError> {
+        let loads = images.into_iter().map(|(index, source)| async move {
+            let loaded = match source {
+                ImageSource::DataUri(uri) => LoadedImage::DataUri(uri),
+                ImageSource::Remote(url) => LoadedImage::Fetched(
+                    url.fetch()
+                        .await
+                        .map_err(|error| EngineError::Fetch { index, error })?,
+                ),
+            };
+            Ok::<_, EngineError>((index, loaded))
+        });
+        let until = tokio::time::Instant::from_std(deadline.instant());
+        tokio::time::timeout_at(until, futures::future::try_join_all(loads))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_exceeded()))
     }
 
     /// Each image in turn: reserve its decoding memory, decode, score, and

@@ -261,6 +261,20 @@ fn truncate_for_message(s: &str) -> String {
     }
 }
 
+/// The format of an image nobody declared a media type for (a fetched
+/// one), read from its leading bytes: a server's `Content-Type` is not
+/// trusted, the bytes are what gets decoded.
+pub fn sniff_format(bytes: &[u8]) -> Result<ImageFormat, ImageError> {
+    if bytes.is_empty() {
+        return Err(ImageError::Invalid("the image data is empty".into()));
+    }
+    ImageFormat::sniff(bytes).ok_or_else(|| {
+        ImageError::Invalid(format!(
+            "the data is not an image: it does not start with the signature of {ACCEPTED_TYPES}"
+        ))
+    })
+}
+
 /// What the header says about an image, before any pixel is decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageHeader {

@@ -5,6 +5,8 @@
 //! Python SDK works against it unmodified.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -472,6 +474,163 @@ async fn a_body_that_never_arrives_gets_408_in_openai_shape() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     let body: Value = serde_json::from_str(&text[text.find("\r\n\r\n").unwrap() + 4..]).unwrap();
     assert_eq!(openai_error(&body).1, "request_timeout");
+}
+
+/// A plain-HTTP image host on 127.0.0.1 that counts the connections it is
+/// offered and would serve a PNG to any: the service must never connect.
+async fn local_image_host() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let image = png(8, 8);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\n\r\n",
+                image.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(&image).await;
+        }
+    });
+    (port, connections)
+}
+
+fn image_part(url: &str) -> Value {
+    json!({"input": [{"type": "image_url", "image_url": {"url": url}}]})
+}
+
+/// Remote URLs while fetching is off (the default): the 400 says how to
+/// send the image instead, and nothing is fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_image_urls_are_refused_while_fetching_is_off() {
+    let app = spawn_app_with(Backend::Sqlite, |c| {
+        c.text_classifier = TextClassifierKind::Lexical
+    })
+    .await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let (port, connections) = local_image_host().await;
+    let url = format!("http://127.0.0.1:{port}/cat.png");
+    let (status, _, body) = parts(moderations(&app, &key, &image_part(&url)).await).await;
+    assert_eq!(status, 400, "{body}");
+    let (_, code, param, message) = openai_error(&body);
+    assert_eq!(
+        (code.as_str(), param),
+        ("invalid_request", json!("input[0].image_url.url"))
+    );
+    assert!(
+        message.contains("send the image inline as a data URL"),
+        "{message}"
+    );
+    assert!(message.contains("remote_images.enabled"), "{message}");
+    assert_eq!(connections.load(Ordering::SeqCst), 0);
+}
+
+/// Fetching on, with loopback on the allow-list: the address rule still
+/// refuses it, by name and by literal, before any connection; a host off
+/// the list is refused before it is even looked up; credentials in a URL
+/// are refused and never repeated; and the metric counts each by outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_image_urls_never_reach_private_addresses() {
+    let (app, metrics) = spawn_app_with_metrics(Backend::Sqlite, |c| {
+        c.text_classifier = TextClassifierKind::Lexical;
+        c.remote_images.enabled = true;
+        c.remote_images.allow_http = true;
+        c.remote_images.allowed_hosts = ["127.0.0.1", "localhost"]
+            .map(|h| h.to_string().try_into().unwrap())
+            .to_vec();
+    })
+    .await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let (port, connections) = local_image_host().await;
+    let scrape = || async {
+        let text = app
+            .client
+            .get(format!("{metrics}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let count = |outcome: &str| -> f64 {
+            let series = format!("moderato_remote_image_fetches_total{{outcome=\"{outcome}\"}} ");
+            text.lines()
+                .find_map(|line| line.strip_prefix(&series))
+                .map_or(0.0, |value| value.parse().unwrap())
+        };
+        (
+            count("not_public"),
+            count("host_not_allowed"),
+            count("credentials"),
+        )
+    };
+    let before = scrape().await;
+
+    let refused = |url: String| {
+        let app = &app;
+        let key = &key;
+        async move {
+            let (status, _, body) = parts(moderations(app, key, &image_part(&url)).await).await;
+            let (kind, code, param, message) = openai_error(&body);
+            assert_eq!(kind, "invalid_request_error");
+            assert_eq!(param, json!("input[0].image_url.url"), "{url}");
+            (status, code, message, body.to_string())
+        }
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let (status, code, message, _) = refused(format!("http://{host}:{port}/cat.png")).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "invalid_image"),
+            "{host}: {message}"
+        );
+        assert!(message.contains("not public"), "{host}: {message}");
+        assert!(
+            !message.contains("127.0.0.1") || host == "127.0.0.1",
+            "no resolved address is told: {message}"
+        );
+    }
+
+    // Not on the list: refused as such, not as unresolvable, so no look-up
+    // was made (this name resolves nowhere).
+    let (status, code, message, _) =
+        refused("https://images.moderato-test.invalid/cat.png".into()).await;
+    assert_eq!((status, code.as_str()), (400, "invalid_image"));
+    assert!(
+        message.contains("images.moderato-test.invalid is not on this server's list"),
+        "{message}"
+    );
+
+    let (status, code, message, body) =
+        refused(format!("http://admin:hunter2@localhost:{port}/cat.png")).await;
+    assert_eq!((status, code.as_str()), (400, "invalid_image"));
+    assert!(message.contains("user name or password"), "{message}");
+    assert!(
+        !body.contains("hunter2") && !body.contains("admin"),
+        "{body}"
+    );
+
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "the local host saw a connection"
+    );
+    let after = scrape().await;
+    assert!(
+        after.0 - before.0 >= 2.0,
+        "not_public: {before:?} -> {after:?}"
+    );
+    assert!(
+        after.1 - before.1 >= 1.0,
+        "host_not_allowed: {before:?} -> {after:?}"
+    );
+    assert!(
+        after.2 - before.2 >= 1.0,
+        "credentials: {before:?} -> {after:?}"
+    );
 }
 
 /// The real `openai` package (see .ci/run for the pinned version), unmodified.
