@@ -23,7 +23,9 @@ fn load() -> EmbeddingClassifier {
         Ok("avx2") => int8_matmul::KernelLimit::Avx2,
         Ok("portable") => int8_matmul::KernelLimit::Portable,
         Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
-        Ok(other) => panic!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable"),
+        Ok(other) => {
+            panic!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable")
+        }
     };
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     eprintln!("int8 kernel: {}", int8_matmul::kernel_name());

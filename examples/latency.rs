@@ -28,7 +28,9 @@ fn main() -> anyhow::Result<()> {
         Ok("avx2") => int8_matmul::KernelLimit::Avx2,
         Ok("portable") => int8_matmul::KernelLimit::Portable,
         Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
-        Ok(other) => bail!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable"),
+        Ok(other) => {
+            bail!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable")
+        }
     };
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     let dir = std::env::var_os("MODERATO_MODELS_DIR")
@@ -48,7 +50,9 @@ fn main() -> anyhow::Result<()> {
     let mut times: Vec<f64> = (0..runs)
         .map(|_| {
             let started = Instant::now();
-            model.score_batch(&[text]).map(|_| started.elapsed().as_secs_f64() * 1e3)
+            model
+                .score_batch(&[text])
+                .map(|_| started.elapsed().as_secs_f64() * 1e3)
         })
         .collect::<anyhow::Result<_>>()?;
     times.sort_by(f64::total_cmp);

@@ -213,7 +213,10 @@ fn choose_cpu_kernel(kernel: config::CpuKernel) {
             "text_model.cpu_kernel: the kernels were already chosen in this process; keeping them"
         );
     }
-    tracing::info!(kernel = int8_matmul::kernel_name(), "text encoder CPU kernel");
+    tracing::info!(
+        kernel = int8_matmul::kernel_name(),
+        "text encoder CPU kernel"
+    );
 }
 
 fn engine_budget(budget: &config::BudgetConfig) -> moderation::engine::EngineBudget {
