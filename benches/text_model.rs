@@ -19,14 +19,8 @@ use moderato::moderation::{Deadline, TextClassifier};
 fn load() -> EmbeddingClassifier {
     // The service's setting, so that an AVX-512 machine can measure the AVX2
     // kernel most servers run: MODERATO_TEXT_MODEL__CPU_KERNEL=avx2.
-    let limit = match std::env::var("MODERATO_TEXT_MODEL__CPU_KERNEL").as_deref() {
-        Ok("avx2") => int8_matmul::KernelLimit::Avx2,
-        Ok("portable") => int8_matmul::KernelLimit::Portable,
-        Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
-        Ok(other) => {
-            panic!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable")
-        }
-    };
+    let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
+        .unwrap_or_else(|e| panic!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"));
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     eprintln!("int8 kernel: {}", int8_matmul::kernel_name());
     let dir = std::env::var_os("MODERATO_MODELS_DIR")

@@ -10,7 +10,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::bail;
 use moderato::moderation::text_model::EmbeddingClassifier;
 use moderato::moderation::TextClassifier;
 
@@ -24,14 +23,8 @@ fn main() -> anyhow::Result<()> {
         None => 300,
     };
     let text = args.get(1).map_or(LOAD_SH_SHORT, String::as_str);
-    let limit = match std::env::var("MODERATO_TEXT_MODEL__CPU_KERNEL").as_deref() {
-        Ok("avx2") => int8_matmul::KernelLimit::Avx2,
-        Ok("portable") => int8_matmul::KernelLimit::Portable,
-        Ok("auto") | Err(_) => int8_matmul::KernelLimit::Auto,
-        Ok(other) => {
-            bail!("MODERATO_TEXT_MODEL__CPU_KERNEL={other:?}: expected auto, avx2 or portable")
-        }
-    };
+    let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
+        .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     let dir = std::env::var_os("MODERATO_MODELS_DIR")
         .map(PathBuf::from)

@@ -49,6 +49,33 @@ pub enum KernelLimit {
     Portable,
 }
 
+impl KernelLimit {
+    /// The limit named by the environment variable `var` (`auto`, `avx2` or
+    /// `portable`); `Auto` when it is not set. For benchmarks and examples,
+    /// which read the service's `MODERATO_TEXT_MODEL__CPU_KERNEL`.
+    pub fn from_env(var: &str) -> Result<KernelLimit, String> {
+        match std::env::var(var) {
+            Err(_) => Ok(KernelLimit::Auto),
+            Ok(v) => v.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for KernelLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KernelLimit, String> {
+        match s {
+            "auto" => Ok(KernelLimit::Auto),
+            "avx2" => Ok(KernelLimit::Avx2),
+            "portable" => Ok(KernelLimit::Portable),
+            other => Err(format!(
+                "{other:?} is not a kernel limit: expected auto, avx2 or portable"
+            )),
+        }
+    }
+}
+
 /// Returned by [`limit_kernel`] when the kernels were already chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AlreadyChosen;
@@ -477,31 +504,67 @@ mod kernel {
         /// Activation rows per cache tile: 32 x 1536 16-bit values = 96 KB.
         const TILE_ROWS: usize = 32;
 
+        /// Where one group of activation rows is read: its values (the
+        /// group's first row), its block scales, and the row length.
+        #[derive(Clone, Copy)]
+        struct Rows<T> {
+            values: *const T,
+            scales: *const f32,
+            k: usize,
+            blocks: usize,
+        }
+
+        impl<T> Rows<T> {
+            /// Row `i` of the group, block `b`.
+            #[inline(always)]
+            unsafe fn block(self, i: usize, b: usize) -> *const T {
+                self.values.add(i * self.k + b * BLOCK)
+            }
+
+            #[inline(always)]
+            unsafe fn scale(self, i: usize, b: usize) -> f32 {
+                *self.scales.add(i * self.blocks + b)
+            }
+        }
+
         /// Visits every (output column, group of up to `ROWS` activation
         /// rows), tiled so a tile of rows stays in cache while the chunk's
-        /// weight rows pass over it. `group` gets the column's weight row
-        /// and block scales, the group's first row and size, and fills the
-        /// group's lane sums.
+        /// weight rows pass over it, and writes each group's sums. `group`
+        /// gets the column's weight row and block scales, the group's rows
+        /// and their number, and returns the group's lane sums.
+        ///
+        /// Why the number of rows is a constant of the kernel's inner
+        /// function (`R` below) and not a loop bound: with a bound known only
+        /// at run time the compiler kept a branch and a bounds check per row
+        /// and block and reloaded the row pointers from the stack, about as
+        /// many instructions as the multiply-adds themselves.
         #[inline(always)]
-        unsafe fn for_each_group(
+        unsafe fn for_each_group<T>(
             w: &Int8Matrix,
+            xv: &[T],
             x: &Int8Rows,
             cols: Range<usize>,
             out: OutPtr,
-            mut group: impl FnMut(*const i8, &[f32], usize, usize, &mut [__m256; ROWS]),
+            mut group: impl FnMut(*const i8, &[f32], Rows<T>, usize) -> [__m256; ROWS],
         ) {
             let (k, m) = (x.k, x.rows());
             let blocks = k / BLOCK;
+            assert!(xv.len() >= m * k && x.scales.len() >= m * blocks);
             for tile in (0..m).step_by(TILE_ROWS) {
                 let tile_end = (tile + TILE_ROWS).min(m);
                 for n in cols.clone() {
+                    let wrow = w.values[n * k..(n + 1) * k].as_ptr();
+                    let wscale = &w.scales[n * blocks..(n + 1) * blocks];
                     let mut r = tile;
                     while r < tile_end {
                         let rows = (tile_end - r).min(ROWS);
-                        let mut acc = [_mm256_setzero_ps(); ROWS];
-                        let wrow = w.values[n * k..(n + 1) * k].as_ptr();
-                        let wscale = &w.scales[n * blocks..(n + 1) * blocks];
-                        group(wrow, wscale, r, rows, &mut acc);
+                        let group_rows = Rows {
+                            values: xv.as_ptr().add(r * k),
+                            scales: x.scales.as_ptr().add(r * blocks),
+                            k,
+                            blocks,
+                        };
+                        let acc = group(wrow, wscale, group_rows, rows);
                         for (i, a) in acc.iter().enumerate().take(rows) {
                             *out.ptr.add((r + i) * out.ld + n) = horizontal_sum(*a);
                         }
@@ -519,29 +582,40 @@ mod kernel {
             cols: Range<usize>,
             out: OutPtr,
         ) {
-            let k = x.k;
-            let blocks = k / BLOCK;
-            for_each_group(w, x, cols, out, |wrow, wscale, r, rows, acc| {
-                for (b, &ws) in wscale.iter().enumerate() {
-                    // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
-                    let raw = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
-                    let lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
-                    let hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
-                    for (i, a) in acc.iter_mut().enumerate().take(rows) {
-                        let row = r + i;
-                        // SAFETY: row < m and b * BLOCK + 32 <= k values of that row.
-                        let xs = xv.as_ptr().add(row * k + b * BLOCK);
-                        let xlo = _mm256_loadu_si256(xs as *const __m256i);
-                        let xhi = _mm256_loadu_si256(xs.add(16) as *const __m256i);
-                        let sum = _mm256_add_epi32(
-                            _mm256_madd_epi16(lo, xlo),
-                            _mm256_madd_epi16(hi, xhi),
-                        );
-                        let scale = _mm256_set1_ps(ws * x.scales[row * blocks + b]);
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
-                    }
-                }
+            for_each_group(w, xv, x, cols, out, |wrow, wscale, rows, n| match n {
+                4 => avx2_rows::<4>(wrow, wscale, rows),
+                3 => avx2_rows::<3>(wrow, wscale, rows),
+                2 => avx2_rows::<2>(wrow, wscale, rows),
+                _ => avx2_rows::<1>(wrow, wscale, rows),
             });
+        }
+
+        /// The lane sums of `R` activation rows against one weight row.
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn avx2_rows<const R: usize>(
+            wrow: *const i8,
+            wscale: &[f32],
+            rows: Rows<i16>,
+        ) -> [__m256; ROWS] {
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for (b, &ws) in wscale.iter().enumerate() {
+                // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
+                let raw = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
+                let lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
+                let hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    // SAFETY: the group has R rows of k values and k / BLOCK scales.
+                    let xs = rows.block(i, b);
+                    let xlo = _mm256_loadu_si256(xs as *const __m256i);
+                    let xhi = _mm256_loadu_si256(xs.add(16) as *const __m256i);
+                    let sum =
+                        _mm256_add_epi32(_mm256_madd_epi16(lo, xlo), _mm256_madd_epi16(hi, xhi));
+                    let scale = _mm256_set1_ps(ws * rows.scale(i, b));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
+                }
+            }
+            acc
         }
 
         #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
@@ -552,30 +626,40 @@ mod kernel {
             cols: Range<usize>,
             out: OutPtr,
         ) {
-            let k = x.k;
-            let blocks = k / BLOCK;
+            for_each_group(w, xv, x, cols, out, |wrow, wscale, rows, n| match n {
+                4 => vnni_rows::<4>(wrow, wscale, rows),
+                3 => vnni_rows::<3>(wrow, wscale, rows),
+                2 => vnni_rows::<2>(wrow, wscale, rows),
+                _ => vnni_rows::<1>(wrow, wscale, rows),
+            });
+        }
+
+        /// [`avx2_rows`] with 8-bit dot products.
+        #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+        #[inline]
+        unsafe fn vnni_rows<const R: usize>(
+            wrow: *const i8,
+            wscale: &[f32],
+            rows: Rows<u8>,
+        ) -> [__m256; ROWS] {
             let offset = _mm256_set1_epi8(-128i8); // the byte 0x80: 128 unsigned
             let zero = _mm256_setzero_si256();
-            for_each_group(w, x, cols, out, |wrow, wscale, r, rows, acc| {
-                for (b, &ws) in wscale.iter().enumerate() {
-                    // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
-                    let wv = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
-                    // The activations carry +128: start each lane at -128 x its weights.
-                    let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, offset, wv));
-                    for (i, a) in acc.iter_mut().enumerate().take(rows) {
-                        let row = r + i;
-                        // SAFETY: row < m and b * BLOCK + 32 <= k bytes of that row.
-                        let xs = xv.as_ptr().add(row * k + b * BLOCK);
-                        let sum = _mm256_dpbusd_epi32(
-                            start,
-                            _mm256_loadu_si256(xs as *const __m256i),
-                            wv,
-                        );
-                        let scale = _mm256_set1_ps(ws * x.scales[row * blocks + b]);
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
-                    }
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for (b, &ws) in wscale.iter().enumerate() {
+                // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
+                let wv = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
+                // The activations carry +128: start each lane at -128 x its weights.
+                let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, offset, wv));
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    // SAFETY: the group has R rows of k bytes and k / BLOCK scales.
+                    let xs = rows.block(i, b);
+                    let sum =
+                        _mm256_dpbusd_epi32(start, _mm256_loadu_si256(xs as *const __m256i), wv);
+                    let scale = _mm256_set1_ps(ws * rows.scale(i, b));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
                 }
-            });
+            }
+            acc
         }
 
         #[target_feature(enable = "avx2,fma")]
