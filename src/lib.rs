@@ -58,6 +58,7 @@ pub async fn run_with_metrics(
     let store = store::connect(&config.database_url.0)
         .await
         .context("opening the database")?;
+    dashboard::spawn_pruning(store.clone(), shutdown.clone());
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);

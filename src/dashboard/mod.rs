@@ -10,11 +10,14 @@
 
 mod admin;
 mod error;
+mod housekeeping;
 mod keys;
 mod pages;
 mod session;
 mod signup;
 mod usage;
+
+pub use housekeeping::spawn_pruning;
 
 use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};

@@ -383,6 +383,16 @@ pub trait Store: Send + Sync + 'static {
     /// Sign-up attempts from the address at or after `since`.
     async fn sign_ups(&self, address: &str, since: DateTime<Utc>) -> Result<Attempts, StoreError>;
 
+    /// Deletes what the dashboard no longer needs: sign-in failures and
+    /// sign-up attempts before `attempts_before`, and sessions, device
+    /// cookies and password tokens expired by `now`. Returns the rows
+    /// deleted. Without it these tables grow with every guess and visit.
+    async fn prune_dashboard_records(
+        &self,
+        attempts_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError>;
+
     /// Stores a one-time password-setting token (its SHA-256).
     async fn insert_password_token(
         &self,

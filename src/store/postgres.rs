@@ -597,6 +597,34 @@ impl Store for PostgresStore {
         attempts(&row, "n", "oldest")
     }
 
+    async fn prune_dashboard_records(
+        &self,
+        attempts_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        let mut deleted = 0;
+        for (sql, cutoff) in [
+            (
+                "DELETE FROM sign_in_failures WHERE at < $1",
+                attempts_before,
+            ),
+            ("DELETE FROM sign_ups WHERE at < $1", attempts_before),
+            ("DELETE FROM dashboard_sessions WHERE expires_at < $1", now),
+            ("DELETE FROM dashboard_devices WHERE expires_at < $1", now),
+            ("DELETE FROM password_tokens WHERE expires_at < $1", now),
+        ] {
+            deleted += sqlx::query(sql)
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(deleted)
+    }
+
     async fn insert_password_token(
         &self,
         token_hash: &[u8],

@@ -874,6 +874,7 @@ both_backends!(
     device_cookies_belong_to_one_account_and_expire,
     sign_ups_are_counted_by_address,
     password_tokens_are_single_use_and_expire,
+    pruning_deletes_old_attempts_and_expired_credentials_only,
 );
 
 fn new_account(email: &str, role: Role, plan: Plan) -> Account {
@@ -1311,4 +1312,68 @@ async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
         .set_account_password(&AccountId::operator(), &hash)
         .await
         .unwrap());
+}
+
+async fn pruning_deletes_old_attempts_and_expired_credentials_only(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let acct = new_account("p@example.com", Role::Customer, free());
+    store.insert_account(&acct).await.unwrap();
+    let now = Utc::now();
+    let hours = |h: i64| now + chrono::Duration::hours(h);
+    for at in [hours(-30), hours(-2)] {
+        store
+            .record_sign_in_failure("p@example.com", "10.0.0.1", None, at)
+            .await
+            .unwrap();
+        store.record_sign_up("10.0.0.1", at).await.unwrap();
+    }
+    store
+        .insert_device(&[1; 32], &acct.id, hours(-50), hours(-1))
+        .await
+        .unwrap();
+    store
+        .insert_device(&[2; 32], &acct.id, hours(-50), hours(24))
+        .await
+        .unwrap();
+    store
+        .insert_password_token(&[5; 32], &acct.id, hours(-1))
+        .await
+        .unwrap();
+    store
+        .insert_password_token(&[6; 32], &acct.id, hours(1))
+        .await
+        .unwrap();
+
+    let deleted = store
+        .prune_dashboard_records(hours(-24), now)
+        .await
+        .unwrap();
+    // One old failure, one old sign-up, one expired device, one expired link.
+    assert_eq!(deleted, 4);
+    let failures = store
+        .sign_in_failures("p@example.com", "10.0.0.1", None, hours(-100))
+        .await
+        .unwrap();
+    assert_eq!(failures.by_email.count, 1, "the recent failure is kept");
+    assert_eq!(
+        store.sign_ups("10.0.0.1", hours(-100)).await.unwrap().count,
+        1
+    );
+    assert_eq!(
+        store.device_account(&[2; 32], now).await.unwrap(),
+        Some(acct.id.clone())
+    );
+    assert!(store
+        .password_token_account(&[6; 32], now)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        store
+            .prune_dashboard_records(hours(-24), now)
+            .await
+            .unwrap(),
+        0,
+        "nothing left to prune"
+    );
 }
