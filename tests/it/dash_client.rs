@@ -258,6 +258,14 @@ pub fn key_id_of(secret: &str) -> String {
     rest.split('_').next().expect("id").to_string()
 }
 
+/// The secret part of an `mdr_<id>_<secret>` key. Not `rsplit('_')`: the
+/// secret is URL-safe base64, which has underscores of its own, so its last
+/// piece can be a couple of characters that any page contains by chance.
+pub fn key_secret_of(secret: &str) -> String {
+    let id = key_id_of(secret);
+    secret[format!("mdr_{id}_").len()..].to_string()
+}
+
 fn regex(pattern: &str) -> Regex {
     Regex::new(pattern).expect("regex")
 }
