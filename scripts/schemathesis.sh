@@ -66,7 +66,7 @@ for _ in $(seq 1 600); do
 done
 
 status=0
-timeout --kill-after=10 "$seconds" "$python" -m schemathesis.cli run "$base/v1/openapi.json" \
+timeout --kill-after=10 "$seconds" "$python" scripts/schemathesis_cli.py run "$base/v1/openapi.json" \
   --url "$base" \
   --header "X-API-Key: $key" \
   --checks "$checks" \
