@@ -11,8 +11,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageEncoder, Rgb, RgbImage};
-use moderato::moderation::image::{decode, parse_data_uri, ImageLimits};
-use moderato::moderation::nsfw::NsfwClassifier;
+use moderato::moderation::image::decode::{decode, parse_data_uri};
+use moderato::moderation::image::nsfw::NsfwClassifier;
 
 /// A photo-like synthetic scene: smooth gradients plus some texture, so the
 /// encoders do realistic work.
@@ -61,13 +61,11 @@ fn jpeg_uri(img: &RgbImage) -> String {
 }
 
 fn models_dir() -> PathBuf {
-    std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
+    moderato::config::repository_models_dir()
 }
 
 fn benches(c: &mut Criterion) {
-    let limits = ImageLimits::default();
+    let limits = moderato::config::Config::embedded_defaults().limits.image;
     let small = png_uri(&scene(224, 224));
     let large = jpeg_uri(&scene(1024, 768));
 

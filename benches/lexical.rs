@@ -1,7 +1,7 @@
 //! Normalise + lexical score, for a short message and a 2,000-character text.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use moderato::moderation::normalize::normalize;
+use moderato::moderation::text::normalize;
 use moderato::moderation::{LexicalClassifier, TextClassifier};
 
 const SHORT: &str = "honestly i will k1ll you if you touch my stuff again, you idiot";

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use chrono::{TimeZone, Utc};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use moderato::store::{self, ApiKeyRecord, KeyId, Period, Store, Tier, UsageEvent};
+use moderato::access::{ApiKeyRecord, KeyId, Tier, UsageEvent};
+use moderato::store::{self, Period, Store};
 use sqlx::Connection;
 use tokio::runtime::Runtime;
 
@@ -44,7 +45,7 @@ fn batch(size: usize) -> Vec<UsageEvent> {
                 rate_limited: n.is_multiple_of(20),
                 billable: !n.is_multiple_of(20),
                 latency_ms: 35,
-                endpoint: store::Endpoint::Moderate,
+                endpoint: moderato::access::Endpoint::Moderate,
             }
         })
         .collect()

@@ -9,11 +9,9 @@
 //!   dense shapes in the same run. Throughput is in floating-point
 //!   operations, so Criterion's `Gelem/s` reads as GFLOP/s.
 
-use std::path::PathBuf;
-
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use moderato::moderation::text_model::EmbeddingClassifier;
+use moderato::moderation::text::model::EmbeddingClassifier;
 use moderato::moderation::{Deadline, TextClassifier};
 
 fn load() -> EmbeddingClassifier {
@@ -23,9 +21,7 @@ fn load() -> EmbeddingClassifier {
         .unwrap_or_else(|e| panic!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"));
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     eprintln!("int8 kernel: {}", int8_matmul::kernel_name());
-    let dir = std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let dir = moderato::config::repository_models_dir();
     match EmbeddingClassifier::load(&dir) {
         Ok(m) => m,
         Err(e) => panic!("cannot load the text model ({e}); run scripts/setup.sh"),

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use moderato::moderation::text_model::{EmbeddingClassifier, SHIPPED_HEADS_JSON};
+use moderato::moderation::text::model::{EmbeddingClassifier, SHIPPED_HEADS_JSON};
 
 const CHUNK: usize = 256;
 
@@ -30,9 +30,7 @@ fn main() -> anyhow::Result<()> {
         Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?,
         None => SHIPPED_HEADS_JSON.to_string(),
     };
-    let models = std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let models = moderato::config::repository_models_dir();
     let model = EmbeddingClassifier::load_with_heads(&models, &heads)?;
 
     let reader = BufReader::new(

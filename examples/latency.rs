@@ -7,10 +7,9 @@
 //! machine with AVX-512). Prints the median and the 90th and 99th
 //! percentiles of RUNS calls (default 300) after 30 warm-up calls.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use moderato::moderation::text_model::EmbeddingClassifier;
+use moderato::moderation::text::model::EmbeddingClassifier;
 use moderato::moderation::TextClassifier;
 
 /// The text of `benches/load.sh`'s `short` workload.
@@ -26,9 +25,7 @@ fn main() -> anyhow::Result<()> {
     let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
         .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
-    let dir = std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let dir = moderato::config::repository_models_dir();
     let model = EmbeddingClassifier::load(&dir)?;
     let windows = model.embed_windows(&[text])?;
     println!(

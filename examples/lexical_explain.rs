@@ -6,7 +6,7 @@
 
 use std::io::{self, BufRead, Write};
 
-use moderato::moderation::normalize::normalize;
+use moderato::moderation::text::normalize;
 use moderato::moderation::{Category, LexicalClassifier};
 
 fn main() -> io::Result<()> {

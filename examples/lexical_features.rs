@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, BufWriter, Write};
 
 use anyhow::{bail, Context};
-use moderato::moderation::text_model::LexicalFeatures;
+use moderato::moderation::text::model::LexicalFeatures;
 use moderato::moderation::LexicalClassifier;
 
 fn main() -> anyhow::Result<()> {

@@ -8,10 +8,10 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::plan::effective_rpm;
 use crate::access::{Account, Email, Password, Plan, Role};
+use crate::access::{ApiKeyRecord, KeyId, Tier};
 use crate::config::Config;
-use crate::store::{ApiKeyRecord, KeyId, Period, Store, Tier};
+use crate::store::{Period, Store};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -133,6 +133,9 @@ fn parse_period(s: &str) -> Result<Period, String> {
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref())?;
     crate::telemetry::init(config.log_format);
+    for warning in config.deprecations() {
+        tracing::warn!("{warning}");
+    }
     match cli.command {
         Command::Serve => serve(config).await,
         Command::Keys(command) => keys(config, command).await,
@@ -183,7 +186,7 @@ async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
-fn key_id(text: &str) -> anyhow::Result<KeyId> {
+fn parse_key_id(text: &str) -> anyhow::Result<KeyId> {
     KeyId::parse(text).with_context(|| {
         format!("{text:?} is not a key id (16 lower-case hex digits, as `keys list` shows)")
     })
@@ -200,7 +203,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
         } => {
             let plan = Plan::new(tier, rpm)?;
             let pepper = crate::load_pepper(&config)?;
-            let new = crate::keys::generate(&pepper);
+            let new = crate::access::keys::generate(&pepper);
             let record = ApiKeyRecord {
                 id: new.id.clone(),
                 name,
@@ -222,7 +225,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Revoke { id } => {
-            let id = key_id(&id)?;
+            let id = parse_key_id(&id)?;
             if !store.revoke_key(&id).await? {
                 anyhow::bail!("no key with id {id}");
             }
@@ -230,7 +233,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
         }
         KeysCommand::List { json } => print_keys(&config, &store.list_keys().await?, json),
         KeysCommand::SetTier { id, tier, rpm } => {
-            let id = key_id(&id)?;
+            let id = parse_key_id(&id)?;
             let plan = Plan::new(tier, rpm)?;
             if !store.set_tier(&id, tier, rpm).await? {
                 anyhow::bail!("no key with id {id}");
@@ -252,7 +255,7 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
                 "id": k.id,
                 "name": k.name,
                 "tier": k.tier,
-                "rpm": effective_rpm(k.tier, k.custom_rpm, &config.plans),
+                "rpm": k.effective_rpm(&config.plans),
                 "created_at": k.created_at,
                 "revoked_at": k.revoked_at,
             })
@@ -384,7 +387,7 @@ fn print_accounts(config: &Config, listings: &[crate::store::AccountListing], as
 
 async fn usage(config: Config, args: UsageArgs) -> anyhow::Result<()> {
     let store: std::sync::Arc<dyn Store> = crate::store::connect(&config.database_url.0).await?;
-    let key = args.key.as_deref().map(key_id).transpose()?;
+    let key = args.key.as_deref().map(parse_key_id).transpose()?;
     let rows = store.billing(args.period, key.as_ref(), args.since).await?;
     if args.json {
         println!("{}", serde_json::to_string(&rows)?);

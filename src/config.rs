@@ -10,11 +10,11 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
-use crate::moderation::image::ImageLimits;
-use crate::moderation::remote_image::{self, RemoteImageSettings};
-use crate::moderation::vision::VisionSettings;
+use crate::access::Tier;
+use crate::moderation::image::decode::ImageLimits;
+use crate::moderation::image::remote::{self, RemoteImageSettings};
+use crate::moderation::image::vision::VisionSettings;
 use crate::moderation::{Category, Thresholds};
-use crate::store::Tier;
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -98,7 +98,6 @@ pub struct Config {
     pub usage: UsageConfig,
     pub budget: BudgetConfig,
     pub thresholds: ThresholdOverrides,
-    #[serde(default)]
     pub vision: VisionSettings,
     pub text_model: TextModelConfig,
     pub remote_images: RemoteImageSettings,
@@ -288,7 +287,11 @@ pub struct SigningConfig {
 pub struct UsageConfig {
     pub buffer_capacity: usize,
     pub batch_size: usize,
-    pub flush_interval_ms: u64,
+    /// Deprecated and read nowhere: a batch is written as soon as the writer
+    /// is free. Still accepted so that old configuration files load; see
+    /// [`Config::deprecations`].
+    #[serde(default)]
+    pub flush_interval_ms: Option<u64>,
     /// The usage journal's folder (and quarantine of unreadable files).
     pub journal_dir: PathBuf,
 }
@@ -369,6 +372,14 @@ impl Config {
         })
     }
 
+    /// The embedded defaults alone (`config/default.toml`), without a file
+    /// or the environment: what tests and tools build their settings from.
+    pub fn embedded_defaults() -> Config {
+        Figment::from(Toml::string(DEFAULTS))
+            .extract()
+            .expect("config/default.toml is valid (checked by a unit test)")
+    }
+
     /// Defaults, then `file` (if any), then the environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS));
@@ -385,6 +396,18 @@ impl Config {
         let config: Config = figment.extract().map_err(Box::new)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Settings that are still accepted but no longer do anything, with what
+    /// to do instead: logged as warnings at start-up.
+    pub fn deprecations(&self) -> Vec<&'static str> {
+        let mut found = Vec::new();
+        if self.usage.flush_interval_ms.is_some() {
+            found.push(
+                "usage.flush_interval_ms is deprecated and ignored: usage batches are written as soon as the writer is free; remove the setting",
+            );
+        }
+        found
     }
 
     /// Checks what the types cannot.
@@ -434,6 +457,9 @@ impl Config {
         }
         self.validate_budget()?;
         self.validate_remote_images()?;
+        self.vision
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         for (section, map) in [
             ("text", &self.thresholds.text),
             ("image", &self.thresholds.image),
@@ -462,16 +488,16 @@ impl Config {
                 "remote_images.max_bytes must be between 1 and limits.image.max_bytes ({ceiling}); leave it unset for that limit"
             )));
         }
-        if !(1..=remote_image::MAX_TIMEOUT_MS).contains(&r.timeout_ms) {
+        if !(1..=remote::MAX_TIMEOUT_MS).contains(&r.timeout_ms) {
             return Err(ConfigError::Invalid(format!(
                 "remote_images.timeout_ms must be between 1 and {}",
-                remote_image::MAX_TIMEOUT_MS
+                remote::MAX_TIMEOUT_MS
             )));
         }
-        if !(1..=remote_image::MAX_CONCURRENT_FETCHES).contains(&r.max_concurrent_fetches) {
+        if !(1..=remote::MAX_CONCURRENT_FETCHES).contains(&r.max_concurrent_fetches) {
             return Err(ConfigError::Invalid(format!(
                 "remote_images.max_concurrent_fetches must be between 1 and {}",
-                remote_image::MAX_CONCURRENT_FETCHES
+                remote::MAX_CONCURRENT_FETCHES
             )));
         }
         Ok(())
@@ -504,6 +530,15 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Where the model files are for the repository's own tests, benches,
+/// examples and training tools: `MODERATO_MODELS_DIR`, else the checkout's
+/// `models/` (filled by `scripts/setup.sh`). The service reads `models_dir`.
+pub fn repository_models_dir() -> PathBuf {
+    std::env::var_os("MODERATO_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
 }
 
 /// `MODERATO_SECTION__KEY` → `section.key`; the documented short forms
@@ -553,6 +588,7 @@ mod tests {
             jail.set_env("MODERATO_DATABASE_URL", "postgres://u:pw@h/db");
             jail.set_env("MODERATO_LIMITS__MAX_ITEMS", "3");
             jail.set_env("MODERATO_VISION_BASE_URL", "http://127.0.0.1:9/v1");
+            jail.set_env("MODERATO_VISION_MODEL", "a-vision-model");
             jail.set_env("MODERATO_VISION_API_KEY", "sk-secret");
             jail.set_env("MODERATO_TEST_PG_URL", "ignored");
             let config = Config::load(None).expect("valid");
@@ -594,6 +630,72 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("trust_forwarded_for"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_embedded_defaults_are_valid() {
+        Config::embedded_defaults()
+            .validate()
+            .expect("valid defaults");
+    }
+
+    #[test]
+    fn vision_settings_take_the_files_defaults_and_never_serialise_the_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "vision.toml",
+                "[vision]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\napi_key = \"k\"\nretries = 3\n",
+            )?;
+            let config = Config::load(Some(Path::new("vision.toml"))).expect("valid");
+            assert_eq!(config.vision.retries, 3);
+            assert_eq!(config.vision.timeout_ms, 10_000);
+            assert!(config.vision.structured_output);
+            assert!(!serde_json::to_string(&config.vision)
+                .unwrap()
+                .contains("\"k\""));
+            jail.create_file("half.toml", "[vision]\nbase_url = \"http://x/v1\"\n")?;
+            let err = Config::load(Some(Path::new("half.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("set both base_url and model"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_partial_image_limits_section_keeps_the_other_defaults() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("limits.toml", "[limits.image]\nmax_bytes = 1024\n")?;
+            let config = Config::load(Some(Path::new("limits.toml"))).expect("valid");
+            assert_eq!(config.limits.image.max_bytes, 1024);
+            let defaults = Config::embedded_defaults().limits.image;
+            assert_eq!(config.limits.image.max_width, defaults.max_width);
+            jail.create_file("typo.toml", "[limits.image]\nmax_byte = 1\n")?;
+            let err = Config::load(Some(Path::new("typo.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("max_byte"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_deprecated_setting_still_loads_and_is_reported() {
+        figment::Jail::expect_with(|jail| {
+            assert!(Config::load(None)
+                .expect("defaults")
+                .deprecations()
+                .is_empty());
+            jail.create_file("old.toml", "[usage]\nflush_interval_ms = 200\n")?;
+            let config = Config::load(Some(Path::new("old.toml"))).expect("an old file loads");
+            let warnings = config.deprecations();
+            assert_eq!(warnings.len(), 1);
+            assert!(
+                warnings[0].contains("usage.flush_interval_ms"),
+                "{warnings:?}"
+            );
             Ok(())
         });
     }
@@ -648,7 +750,7 @@ mod tests {
 
     #[test]
     fn remote_images_are_off_by_default_and_checked_when_configured() {
-        use crate::moderation::remote_image::AllowedHost;
+        use crate::moderation::image::remote::AllowedHost;
         figment::Jail::expect_with(|jail| {
             let config = Config::load(None).expect("defaults");
             assert!(!config.remote_images.enabled);

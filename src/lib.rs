@@ -3,20 +3,20 @@
 //! [`run`] builds the whole service from a [`config::Config`] and serves it
 //! on a listener until a shutdown token is cancelled.
 
+// The public surface is what the binary, the integration tests, the benches
+// and the examples use; everything else is the crate's own, so that the
+// compiler reports what nobody uses.
 pub mod access;
 pub mod cli;
 pub mod config;
-pub mod dashboard;
-pub mod fsutil;
+mod dashboard;
+mod fsutil;
 pub mod http;
-pub mod keys;
-pub mod metrics;
+mod metrics;
 pub mod moderation;
-pub mod ratelimit;
-pub mod signing;
+mod signing;
 pub mod store;
-pub mod telemetry;
-pub mod usage;
+mod telemetry;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,7 @@ pub async fn run_with_metrics(
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);
-    let remote_images = moderation::remote_image::RemoteImages::from_settings(
+    let remote_images = moderation::image::remote::RemoteImages::from_settings(
         &config.remote_images,
         &config.limits.image,
     )?;
@@ -73,14 +73,14 @@ pub async fn run_with_metrics(
         );
     }
     let limiter = match &config.redis_url {
-        Some(url) => ratelimit::RateLimiter::with_redis(&url.0, "moderato:rl:")
+        Some(url) => access::ratelimit::RateLimiter::with_redis(&url.0, "moderato:rl:")
             .map_err(anyhow::Error::msg)?,
-        None => ratelimit::RateLimiter::local(),
+        None => access::ratelimit::RateLimiter::local(),
     };
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let (recorder, writer) = usage::UsageRecorder::start(
+    let (recorder, writer) = access::usage::UsageRecorder::start(
         store.clone(),
-        usage::UsageSettings {
+        access::usage::UsageSettings {
             capacity: config.usage.buffer_capacity,
             batch_size: config.usage.batch_size,
             journal_dir: config.usage.journal_dir.clone(),
@@ -99,11 +99,11 @@ pub async fn run_with_metrics(
         engine,
         remote_images,
         store,
-        keys: http::auth::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
+        keys: access::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
         pepper,
         plans: config.plans.clone(),
         limiter,
-        failed_auth: ratelimit::FailedAuthLimiter::new(config.auth.failed_auth_per_minute),
+        failed_auth: access::ratelimit::FailedAuthLimiter::new(config.auth.failed_auth_per_minute),
         usage: recorder,
         trusted_proxies: config.auth.trusted_proxies.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
@@ -138,9 +138,10 @@ fn legacy_spill_dir(config: &Config) -> Option<PathBuf> {
     config.auth.pepper_file.parent().map(Path::to_path_buf)
 }
 
-pub fn load_pepper(config: &Config) -> anyhow::Result<keys::Pepper> {
+pub fn load_pepper(config: &Config) -> anyhow::Result<access::keys::Pepper> {
     let configured = config.auth.pepper.as_ref().map(|s| s.0.as_str());
-    let (pepper, created) = keys::Pepper::load_or_create(configured, &config.auth.pepper_file)?;
+    let (pepper, created) =
+        access::keys::Pepper::load_or_create(configured, &config.auth.pepper_file)?;
     if created {
         tracing::info!(path = %config.auth.pepper_file.display(), "created a new API-key pepper; every replica and the keys CLI must share it");
     }
@@ -189,7 +190,7 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         Some(i) => ThresholdOverrides::apply(&config.thresholds.image, i.default_thresholds()),
         None => moderation::Thresholds::uniform(0.5),
     };
-    let vision = moderation::vision::VisionClient::from_settings(&config.vision)?;
+    let vision = moderation::image::vision::VisionClient::from_settings(&config.vision)?;
     if vision.is_some() {
         tracing::info!("deep image analysis provider configured: images are sent to it only for requests with analyze_images=true");
     }
@@ -245,10 +246,10 @@ fn text_classifier(
         return Ok(found.clone());
     }
     let loaded: Arc<dyn TextClassifier> = match kind {
-        TextClassifierKind::Null => Arc::new(moderation::null::NullClassifier),
+        TextClassifierKind::Null => Arc::new(moderation::text::null::NullClassifier),
         TextClassifierKind::Lexical => Arc::new(moderation::LexicalClassifier::new()),
         TextClassifierKind::Minilm => Arc::new(
-            moderation::text_model::EmbeddingClassifier::load(models_dir)
+            moderation::text::model::EmbeddingClassifier::load(models_dir)
                 .context("loading the text model (run scripts/setup.sh to fetch its files)")?
                 .with_embedding_cache(cache_entries),
         ),
@@ -271,7 +272,7 @@ fn image_classifier(models_dir: &Path) -> anyhow::Result<Arc<dyn ImageClassifier
         return Ok(found.clone());
     }
     let loaded: Arc<dyn ImageClassifier> =
-        Arc::new(moderation::nsfw::NsfwClassifier::load(models_dir)?);
+        Arc::new(moderation::image::nsfw::NsfwClassifier::load(models_dir)?);
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())

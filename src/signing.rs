@@ -52,10 +52,10 @@ pub enum KeySource {
 
 impl ResponseSigner {
     pub fn new(key: SigningKey, extra_public: Vec<VerifyingKey>) -> ResponseSigner {
-        let kid = key_id(&key.verifying_key());
+        let kid = jwk_thumbprint(&key.verifying_key());
         let mut published = vec![(kid.clone(), key.verifying_key())];
         for public in extra_public {
-            let id = key_id(&public);
+            let id = jwk_thumbprint(&public);
             if !published.iter().any(|(k, _)| *k == id) {
                 published.push((id, public));
             }
@@ -204,7 +204,7 @@ pub fn signature_base(components: &[(&str, &str)], params: &str) -> String {
 
 /// RFC 7638 JWK thumbprint of the public key (base64url SHA-256 of the
 /// canonical JWK), so a key id follows from the key alone.
-pub fn key_id(public: &VerifyingKey) -> String {
+pub fn jwk_thumbprint(public: &VerifyingKey) -> String {
     let canonical = format!(
         "{{\"crv\":\"Ed25519\",\"kty\":\"OKP\",\"x\":\"{}\"}}",
         URL_SAFE_NO_PAD.encode(public.as_bytes())

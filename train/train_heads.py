@@ -24,7 +24,7 @@ from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, compose, d
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
-# Served: raw, plus the de-obfuscated form when it differs (see text_model::model_inputs).
+# Served: raw, plus the de-obfuscated form when it differs (see moderation::text::model::model_inputs).
 SHIPPED_INPUT = "both"
 # Chunks: sentences packed up to 64 tokens, longer sentences in windows 48 apart (Rust MiniLm::chunks).
 WINDOW_TOKENS, WINDOW_STRIDE = 64, 48

@@ -10,7 +10,7 @@
 #![no_main]
 
 #[allow(dead_code, unused_imports)]
-#[path = "../../src/moderation/image.rs"]
+#[path = "../../src/moderation/image/decode.rs"]
 #[rustfmt::skip] // formatted with the main crate; rustfmt cannot follow its test module from here
 mod image_path;
 

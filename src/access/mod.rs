@@ -1,10 +1,18 @@
-//! Who may use the service and how much: accounts and their plans.
-//!
-//! Issue #14 gathers keys, plans, limits and metering here; accounts come
-//! first because the dashboard needs them.
+//! Who may call the service, how often, and what it costs: accounts and
+//! their plans, API keys, rate limits (per key, per character and for failed
+//! sign-ins) and usage metering. The storage layer depends on this module
+//! for its vocabulary, never the other way round; `http/auth.rs` is the glue
+//! that applies it to a request.
 
 pub mod accounts;
+pub(crate) mod key_cache;
+pub mod keys;
 pub mod plan;
+pub(crate) mod ratelimit;
+pub(crate) mod usage;
 
 pub use accounts::{Account, AccountId, Email, Password, PasswordHash, Role};
-pub use plan::{Plan, PlanError};
+pub(crate) use key_cache::KeyCache;
+pub use keys::{ApiKeyRecord, KeyId};
+pub use plan::{Plan, PlanError, Tier};
+pub use usage::{Endpoint, UsageEvent};

@@ -1,8 +1,51 @@
 //! A plan as a key or an account carries it: a tier and, optionally, its own
 //! requests-per-minute limit.
 
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
 use crate::config::Plans;
-use crate::store::Tier;
+
+/// A plan. Its rate limit comes from configuration (enterprise: per key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Free,
+    Basic,
+    Pro,
+    Enterprise,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Free, Tier::Basic, Tier::Pro, Tier::Enterprise];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Basic => "basic",
+            Tier::Pro => "pro",
+            Tier::Enterprise => "enterprise",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tier, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown tier {s:?}: expected free, basic, pro or enterprise"))
+    }
+}
 
 /// A tier and its optional custom limit. Built only through [`Plan::new`],
 /// so an enterprise plan always has its limit.

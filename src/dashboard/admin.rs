@@ -19,9 +19,10 @@ use super::pages::{
 };
 use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin, CsrfForm};
 use super::usage::{daily_usage, usage_view};
+use crate::access::Tier;
 use crate::access::{Account, AccountId, Email, Password, Plan, Role};
 use crate::http::AppState;
-use crate::store::{AccountListing, StoreError, Tier};
+use crate::store::{AccountListing, StoreError};
 
 /// How long a first-password link stays valid.
 const PASSWORD_LINK_HOURS: i64 = 24;

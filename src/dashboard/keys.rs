@@ -10,11 +10,11 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::pages::{render, KeyRow, KeysPage, NewKeyView, PlanPage, RevokePage};
 use super::session::{CsrfForm, SignedIn};
-use crate::access::plan::effective_rpm;
 use crate::access::AccountId;
+use crate::access::KeyId;
 use crate::config::Plans;
 use crate::http::AppState;
-use crate::store::{AccountKey, KeyId, NewAccountKey};
+use crate::store::{AccountKey, NewAccountKey};
 
 const MAX_KEY_NAME_CHARS: usize = 100;
 
@@ -29,7 +29,7 @@ pub fn key_row(key: &AccountKey, plans: &Plans) -> KeyRow {
         id: k.id.to_string(),
         name: k.name.clone(),
         plan: k.tier.to_string(),
-        rpm: effective_rpm(k.tier, k.custom_rpm, plans),
+        rpm: k.effective_rpm(plans),
         created: when(k.created_at),
         last_used: key.last_used.map_or_else(|| "never".to_owned(), when),
         active: k.revoked_at.is_none(),
@@ -94,7 +94,7 @@ pub async fn create_key_for(
             "Give the key a name of 1 to {MAX_KEY_NAME_CHARS} characters."
         )));
     }
-    let new = crate::keys::generate(&state.pepper);
+    let new = crate::access::keys::generate(&state.pepper);
     state
         .store
         .insert_account_key(

@@ -4,7 +4,7 @@
 //! time), one stylesheet and a few lines of script for the copy button.
 //!
 //! Handlers stay thin: accounts and sessions live in the store (so replicas
-//! behind a load balancer share them), keys are made by [`crate::keys`]
+//! behind a load balancer share them), keys are made by [`crate::access::keys`]
 //! exactly as the CLI makes them, and the API's own key path (cache,
 //! revocation, plans) applies to them unchanged.
 

@@ -29,11 +29,11 @@ use super::admin::insert_new_account;
 use super::error::DashError;
 use super::pages::{render, SignupPage};
 use super::session::{check_form_token, new_form_token, retry_after};
+use crate::access::Tier;
 use crate::access::{Email, Password, Plan, Role};
 use crate::config::Signup;
 use crate::http::auth::client_address;
 use crate::http::AppState;
-use crate::store::Tier;
 
 /// Sign-up attempts allowed per client address within [`SIGN_UP_WINDOW`].
 pub const MAX_SIGN_UPS: u32 = 5;

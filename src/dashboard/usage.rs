@@ -14,8 +14,9 @@ use super::error::DashError;
 use super::pages::{render, KeyChoice, UsageDay, UsagePage, UsageView};
 use super::session::SignedIn;
 use crate::access::AccountId;
+use crate::access::KeyId;
 use crate::http::AppState;
-use crate::store::{KeyId, Period};
+use crate::store::Period;
 
 pub const DAYS: i64 = 30;
 

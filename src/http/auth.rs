@@ -3,9 +3,7 @@
 //! key, and every authenticated request must leave exactly one usage event
 //! whatever its outcome, marked with the route that served it.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -19,59 +17,14 @@ use http_body_util::BodyExt;
 use super::error::{retry_after_secs, ApiError};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::access::plan::effective_rpm;
+use crate::access::keys::PresentedKey;
+use crate::access::ratelimit::Decision;
+use crate::access::usage::UsageStats;
+use crate::access::{ApiKeyRecord, Endpoint, UsageEvent};
 use crate::config::IpBlock;
-use crate::keys::PresentedKey;
 use crate::metrics::names;
-use crate::ratelimit::Decision;
-use crate::store::{ApiKeyRecord, Endpoint, KeyId, Store, StoreError, UsageEvent};
-use crate::usage::UsageStats;
 
 pub const API_KEY_HEADER: &str = "x-api-key";
-const MAX_CACHED_KEYS: usize = 100_000;
-
-/// Key look-ups cached for a short time (at most one second, so that a
-/// revocation reaches every replica within a second). Unknown ids are cached
-/// too, so that guessing does not reach the database every time.
-pub struct KeyCache {
-    ttl: Duration,
-    entries: Mutex<HashMap<KeyId, (Instant, Option<ApiKeyRecord>)>>,
-}
-
-impl KeyCache {
-    pub fn new(ttl: Duration) -> KeyCache {
-        KeyCache {
-            ttl,
-            entries: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub async fn get(
-        &self,
-        store: &dyn Store,
-        id: &KeyId,
-    ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        if let Some(hit) = self.cached(id) {
-            return Ok(hit);
-        }
-        let record = store.get_key(id).await?;
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= MAX_CACHED_KEYS {
-            entries.clear();
-        }
-        entries.insert(id.clone(), (Instant::now(), record.clone()));
-        Ok(record)
-    }
-
-    /// The cached look-up of `id`, if fresh: `Some(None)` is a cached "no such key".
-    fn cached(&self, id: &KeyId) -> Option<Option<ApiKeyRecord>> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .get(id)
-            .filter(|(at, _)| at.elapsed() < self.ttl)
-            .map(|(_, record)| record.clone())
-    }
-}
 
 /// The authenticated key, for handlers that want it.
 #[derive(Clone, Debug)]
@@ -124,8 +77,8 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         let full = ApiError::ServiceUnavailable("usage queue full".into());
         return refuse(request, full, &state).await;
     };
-    let rpm = effective_rpm(record.tier, record.custom_rpm, &state.plans);
-    let (decision, _backend) = state.limiter.check(record.id.as_str(), rpm).await;
+    let rpm = record.effective_rpm(&state.plans);
+    let decision = state.limiter.check(record.id.as_str(), rpm).await;
 
     let mut response = if decision.allowed {
         let mut request = request;

@@ -7,18 +7,18 @@
 //! error dialect, authentication + rate limit + metering, and the handler's
 //! own panic catcher (so that even a panicking request leaves its usage event).
 
-pub mod auth;
+pub(crate) mod auth;
 pub mod error;
-pub mod extract;
-pub mod meta;
-pub mod moderate;
-pub mod openai;
+pub(crate) mod extract;
+pub(crate) mod meta;
+pub(crate) mod moderate;
+pub(crate) mod openai;
 pub mod openapi;
-pub mod pipeline;
-pub mod request_id;
-pub mod serve;
-pub mod signing;
-pub mod strict_json;
+pub(crate) mod pipeline;
+pub(crate) mod request_id;
+pub(crate) mod serve;
+pub(crate) mod sign_responses;
+pub(crate) mod strict_json;
 
 use std::ops::Deref;
 use std::pin::Pin;
@@ -38,14 +38,15 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{middleware, Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 
+use crate::access::keys::Pepper;
+use crate::access::ratelimit::{FailedAuthLimiter, RateLimiter};
+use crate::access::usage::UsageRecorder;
+use crate::access::Endpoint;
 use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
-use crate::keys::Pepper;
 use crate::moderation::engine::Engine;
-use crate::moderation::remote_image::RemoteImages;
-use crate::ratelimit::{FailedAuthLimiter, RateLimiter};
+use crate::moderation::image::remote::RemoteImages;
 use crate::signing::ResponseSigner;
-use crate::store::{Endpoint, Store};
-use crate::usage::UsageRecorder;
+use crate::store::Store;
 use error::{ApiError, Dialect};
 use extract::BodyLimits;
 
@@ -57,7 +58,7 @@ pub struct Shared {
     /// Whether and how `image_url` parts with http(s) URLs are fetched.
     pub remote_images: RemoteImages,
     pub store: Arc<dyn Store>,
-    pub keys: auth::KeyCache,
+    pub keys: crate::access::KeyCache,
     pub pepper: Pepper,
     pub plans: Plans,
     pub limiter: RateLimiter,
@@ -103,7 +104,7 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(request_id::assign))
         .layer(middleware::from_fn(close_unless_body_read))
-        .layer(middleware::from_fn_with_state(signer, signing::sign))
+        .layer(middleware::from_fn_with_state(signer, sign_responses::sign))
         .layer(middleware::from_fn(count_requests))
         .with_state(state)
 }

@@ -16,7 +16,7 @@ use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
 use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
-use crate::moderation::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
+use crate::moderation::image::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
 /// What `POST /v1/moderate` can answer besides 200: every check of the

@@ -26,7 +26,7 @@ use super::pipeline::{self, ItemKind};
 use super::request_id::RequestId;
 use super::AppState;
 use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
-use crate::moderation::remote_image::RemoteImages;
+use crate::moderation::image::remote::RemoteImages;
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
 /// OpenAI's categories that Moderato does not judge: always `false` and 0,

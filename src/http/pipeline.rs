@@ -10,14 +10,14 @@ use serde::Serialize;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::access::ratelimit::Decision;
+use crate::access::usage::UsageStats;
+use crate::access::ApiKeyRecord;
 use crate::config::{BudgetConfig, Limits};
 use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
-use crate::moderation::image::ImageError;
-use crate::moderation::remote_image::FetchError;
+use crate::moderation::image::decode::ImageError;
+use crate::moderation::image::remote::FetchError;
 use crate::moderation::Category;
-use crate::ratelimit::Decision;
-use crate::store::ApiKeyRecord;
-use crate::usage::UsageStats;
 
 /// How a route names the field an item came from, for error messages:
 /// `input[3].text` on `/v1/moderate`, `input[3]` or
@@ -142,7 +142,7 @@ async fn charge_characters(
         )));
     }
     let bucket = format!("chars:{}", key.id);
-    let (decision, _) = state
+    let decision = state
         .limiter
         .check_n(&bucket, per_minute, chars as u32)
         .await;

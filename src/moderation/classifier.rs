@@ -4,7 +4,7 @@
 
 use super::category::{Category, CategoryScores, Thresholds};
 use super::deadline::Deadline;
-use super::image::DecodedImage;
+use super::image::decode::DecodedImage;
 
 /// Texts of about this many bytes are scored together between two deadline
 /// checks by the default [`TextClassifier::score_batch_within`].

@@ -16,9 +16,11 @@ use tokio::sync::Semaphore;
 use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier};
 use super::deadline::{Deadline, DeadlineExceeded};
-use super::image::{self, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits};
-use super::remote_image::{FetchError, RemoteImageUrl};
-use super::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
+use super::image::decode::{
+    self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
+};
+use super::image::remote::{FetchError, RemoteImageUrl};
+use super::image::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
 
 /// Images up to this many pixels (a 2560×1600 screen) are light jobs.
 const LIGHT_IMAGE_PIXELS: u64 = 4_096_000;
@@ -602,7 +604,7 @@ mod tests {
             text_thresholds: Thresholds::uniform(0.5),
             image: None,
             image_thresholds: Thresholds::uniform(0.5),
-            image_limits: ImageLimits::default(),
+            image_limits: crate::config::Config::embedded_defaults().limits.image,
             vision: None,
             budget,
         })

@@ -1,23 +1,15 @@
-//! The moderation core: categories, classifiers, images and the engine that
-//! runs them for one request. Knows nothing of HTTP.
+//! The moderation core: categories, classifiers and the engine that runs
+//! them for one request, with the text and image pipelines beneath. Knows
+//! nothing of HTTP.
 
-pub mod category;
-pub mod classifier;
-pub mod deadline;
-pub mod engine;
+mod category;
+mod classifier;
+mod deadline;
+pub(crate) mod engine;
 pub mod image;
-// Beside the image pipeline in `image/`, but declared here: the fuzz target
-// compiles image.rs alone, without an HTTP client.
-pub mod lexical;
-pub mod normalize;
-pub mod nsfw;
-pub mod null;
-#[path = "image/remote.rs"]
-pub mod remote_image;
-pub mod text_model;
-pub mod vision;
+pub mod text;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
 pub use deadline::{Deadline, DeadlineExceeded};
-pub use lexical::LexicalClassifier;
+pub use text::lexical::LexicalClassifier;

@@ -1,14 +1,13 @@
 //! Storage: API keys and usage events behind one trait, with a PostgreSQL
 //! and a SQLite implementation (each with its own migrations).
 
-use std::fmt;
-use std::str::FromStr;
-
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
+use crate::access::{
+    Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+};
 
 mod common;
 pub mod postgres;
@@ -29,145 +28,6 @@ pub enum StoreError {
     /// Anything else: maps to 500.
     #[error("storage error: {0}")]
     Other(String),
-}
-
-/// A plan. Its rate limit comes from configuration (enterprise: per key).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Free,
-    Basic,
-    Pro,
-    Enterprise,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 4] = [Tier::Free, Tier::Basic, Tier::Pro, Tier::Enterprise];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Tier::Free => "free",
-            Tier::Basic => "basic",
-            Tier::Pro => "pro",
-            Tier::Enterprise => "enterprise",
-        }
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Tier {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Tier, String> {
-        Tier::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| format!("unknown tier {s:?}: expected free, basic, pro or enterprise"))
-    }
-}
-
-/// The public identifier of an API key (also the first part of the secret).
-/// Lower-case hex, 16 characters.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct KeyId(String);
-
-impl KeyId {
-    pub const LEN: usize = 16;
-
-    /// Validates the form; `None` if it is not 16 lower-case hex digits.
-    pub fn parse(s: &str) -> Option<KeyId> {
-        (s.len() == Self::LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-            .then(|| KeyId(s.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for KeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A stored API key. The secret itself is never stored: only `secret_hash`,
-/// a keyed hash (HMAC-SHA-256 with the operator's pepper) of it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ApiKeyRecord {
-    pub id: KeyId,
-    pub name: String,
-    pub tier: Tier,
-    /// Requests per minute set on this key; required for enterprise, and
-    /// overrides the plan's limit for any tier when set.
-    pub custom_rpm: Option<u32>,
-    pub secret_hash: Vec<u8>,
-    pub created_at: DateTime<Utc>,
-    pub revoked_at: Option<DateTime<Utc>>,
-}
-
-/// One metered request, authenticated. Written in batches; `request_id` is
-/// unique so that a retried batch never counts a request twice. Serialisable
-/// for the spill file written when the database is away at shutdown.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct UsageEvent {
-    pub request_id: String,
-    pub key_id: KeyId,
-    pub at: DateTime<Utc>,
-    pub status: u16,
-    pub text_items: u32,
-    pub text_chars: u64,
-    pub image_items: u32,
-    pub image_bytes: u64,
-    pub deep_analyses: u32,
-    pub flagged: bool,
-    /// Refused by the rate limiter (429).
-    pub rate_limited: bool,
-    /// Counts for billing: a successful (200) moderation.
-    pub billable: bool,
-    pub latency_ms: u32,
-    /// The route that served it. Journal lines written before the column
-    /// existed have none: they all came from `/v1/moderate`.
-    #[serde(default)]
-    pub endpoint: Endpoint,
-}
-
-/// The metered route a usage event came from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Endpoint {
-    /// `POST /v1/moderate`, Moderato's own API.
-    #[default]
-    Moderate,
-    /// `POST /v1/moderations`, the OpenAI-compatible one.
-    Moderations,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 2] = [Endpoint::Moderate, Endpoint::Moderations];
-
-    /// The value stored in `usage_events.endpoint`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Endpoint::Moderate => "moderate",
-            Endpoint::Moderations => "moderations",
-        }
-    }
-}
-
-impl FromStr for Endpoint {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Endpoint, String> {
-        Endpoint::ALL
-            .into_iter()
-            .find(|e| e.as_str() == s)
-            .ok_or_else(|| format!("unknown endpoint {s:?}: expected moderate or moderations"))
-    }
 }
 
 /// Granularity of a billing summary.
@@ -419,30 +279,30 @@ pub trait Store: Send + Sync + 'static {
 /// `postgresql://` or `sqlite:`), creating a SQLite file and its folder when
 /// missing, and runs its migrations.
 pub async fn connect(database_url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    let store: std::sync::Arc<dyn Store> = match Backend::of(database_url)? {
-        Backend::Postgres => std::sync::Arc::new(PostgresStore::connect(database_url).await?),
-        Backend::Sqlite => std::sync::Arc::new(SqliteStore::connect(database_url).await?),
+    let store: std::sync::Arc<dyn Store> = match DatabaseKind::of(database_url)? {
+        DatabaseKind::Postgres => std::sync::Arc::new(PostgresStore::connect(database_url).await?),
+        DatabaseKind::Sqlite => std::sync::Arc::new(SqliteStore::connect(database_url).await?),
     };
     store.migrate().await?;
     Ok(store)
 }
 
-/// The backend a database URL names.
+/// The database a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub enum DatabaseKind {
     Postgres,
     Sqlite,
 }
 
-impl Backend {
+impl DatabaseKind {
     /// Picks the backend from the URL's scheme.
-    pub fn of(database_url: &str) -> Result<Backend, StoreError> {
+    pub fn of(database_url: &str) -> Result<DatabaseKind, StoreError> {
         let scheme = database_url
             .split_once(':')
             .map(|(scheme, _)| scheme.to_ascii_lowercase());
         match scheme.as_deref() {
-            Some("postgres" | "postgresql") => Ok(Backend::Postgres),
-            Some("sqlite") => Ok(Backend::Sqlite),
+            Some("postgres" | "postgresql") => Ok(DatabaseKind::Postgres),
+            Some("sqlite") => Ok(DatabaseKind::Sqlite),
             // Only the scheme is quoted: the rest may hold a password.
             _ => Err(StoreError::Other(format!(
                 "unsupported database URL scheme {:?}: expected postgres://, postgresql:// or sqlite:",

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 const CATEGORIES: [&str; 11] = [
     "harassment",

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use crate::child::{enterprise_key, env_for, ChildServer};
 use crate::helpers::*;
 use crate::on_both_backends;
+use moderato::access::Tier;
 use moderato::config::TextClassifierKind;
-use moderato::store::Tier;
 
 fn texts(count: usize, chars: usize) -> Value {
     let items: Vec<Value> = (0..count)

@@ -23,15 +23,15 @@ pub async fn enterprise_key(
     database_url: &str,
     name: &str,
     rpm: u32,
-) -> moderato::keys::NewKey {
+) -> moderato::access::keys::NewKey {
     let store = moderato::store::connect(database_url).await.unwrap();
     let pepper = moderato::load_pepper(config).unwrap();
-    let new = moderato::keys::generate(&pepper);
+    let new = moderato::access::keys::generate(&pepper);
     store
-        .insert_key(&moderato::store::ApiKeyRecord {
+        .insert_key(&moderato::access::ApiKeyRecord {
             id: new.id.clone(),
             name: name.into(),
-            tier: moderato::store::Tier::Enterprise,
+            tier: moderato::access::Tier::Enterprise,
             custom_rpm: Some(rpm),
             secret_hash: new.secret_hash.clone(),
             created_at: chrono::Utc::now(),

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use moderato::access::KeyId;
 use moderato::config::{ImageClassifierKind, IpBlock, TextClassifierKind};
-use moderato::store::{KeyId, Period};
+use moderato::store::Period;
 use regex::Regex;
 use serde_json::Value;
 
@@ -1029,7 +1030,7 @@ async fn admin_creates_and_revokes_a_customers_key(backend: Backend) {
 async fn operator_keys_are_revoked_but_not_made_in_the_dashboard(backend: Backend) {
     let app = dashboard_app(backend).await;
     create_account(&app, "root@example.com", "admin", &[]);
-    let (cli_id, cli_key) = app.create_key(moderato::store::Tier::Pro, None).await;
+    let (cli_id, cli_key) = app.create_key(moderato::access::Tier::Pro, None).await;
     let operator = format!(
         "/dashboard/admin/accounts/{}",
         moderato::access::AccountId::OPERATOR

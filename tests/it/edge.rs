@@ -14,8 +14,8 @@ use tokio::net::TcpStream;
 use crate::helpers::*;
 use crate::images::data_uri;
 use crate::on_both_backends;
+use moderato::access::Tier;
 use moderato::config::{IpBlock, TextClassifierKind};
-use moderato::store::Tier;
 
 /// Generous: these bounds say "closed / answered at all", not "fast".
 const BOUND: Duration = Duration::from_secs(20);

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use moderato::access::{ApiKeyRecord, KeyId, Tier, UsageEvent};
 use moderato::config::Config;
-use moderato::store::{ApiKeyRecord, KeyId, Store, Tier, UsageEvent};
+use moderato::store::Store;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -17,10 +18,17 @@ pub enum Backend {
 }
 
 /// A fresh, empty database of the backend: a temp SQLite file or a new
-/// PostgreSQL database on the local server.
+/// PostgreSQL database on the local server, dropped again when the `TestDb`
+/// is (even when the test panics), so that a test run leaves no databases.
 pub struct TestDb {
     pub url: String,
+    postgres: Option<PgDatabase>,
     _dir: Option<Arc<tempfile::TempDir>>,
+}
+
+struct PgDatabase {
+    admin_url: String,
+    name: String,
 }
 
 pub fn pg_admin_url() -> String {
@@ -32,6 +40,20 @@ pub fn redis_url() -> String {
     std::env::var("MODERATO_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// `admin_url` with its database replaced by `database` (query kept).
+fn with_database(admin_url: &str, database: &str) -> String {
+    let (base, query) = match admin_url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin_url, String::new()),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let server = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    format!("{server}/{database}{query}")
+}
+
 impl TestDb {
     pub async fn new(backend: Backend) -> TestDb {
         match backend {
@@ -40,29 +62,57 @@ impl TestDb {
                 let url = format!("sqlite://{}", dir.path().join("moderato.db").display());
                 TestDb {
                     url,
+                    postgres: None,
                     _dir: Some(Arc::new(dir)),
                 }
             }
             Backend::Postgres => {
                 use sqlx::Connection;
-                let admin = pg_admin_url();
+                let admin_url = pg_admin_url();
                 let name = format!("moderato_it_{}", uuid::Uuid::new_v4().simple());
-                let mut conn = sqlx::PgConnection::connect(&admin)
+                let mut conn = sqlx::PgConnection::connect(&admin_url)
                     .await
                     .expect("PostgreSQL must be running for the tests (see README)");
                 sqlx::query(&format!("CREATE DATABASE {name}"))
                     .execute(&mut conn)
                     .await
                     .expect("create database");
-                let base = admin
-                    .rsplit_once('/')
-                    .map(|(b, _)| b.to_string())
-                    .unwrap_or(admin);
+                let _ = conn.close().await;
                 TestDb {
-                    url: format!("{base}/{name}"),
+                    url: with_database(&admin_url, &name),
+                    postgres: Some(PgDatabase { admin_url, name }),
                     _dir: None,
                 }
             }
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(PgDatabase { admin_url, name }) = self.postgres.take() else {
+            return;
+        };
+        // Drop is synchronous and may run inside a runtime: drop the
+        // database from a thread of its own. FORCE ends the connections the
+        // service under test may still hold.
+        let dropped = std::thread::spawn(move || {
+            use sqlx::Connection;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database");
+            runtime.block_on(async {
+                let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await?;
+                admin.close().await
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop the test database: {e}");
         }
     }
 }
@@ -93,9 +143,7 @@ pub fn test_config(db: &TestDb, dir: &tempfile::TempDir) -> Config {
 }
 
 pub fn models_dir() -> PathBuf {
-    std::env::var("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
+    moderato::config::repository_models_dir()
 }
 
 pub async fn spawn_app(backend: Backend) -> TestApp {
@@ -207,7 +255,7 @@ impl TestApp {
     /// A new key of `tier`, made as `moderato keys create` makes it.
     pub async fn create_key(&self, tier: Tier, rpm: Option<u32>) -> (KeyId, String) {
         let pepper = moderato::load_pepper(&self.config).expect("pepper");
-        let new = moderato::keys::generate(&pepper);
+        let new = moderato::access::keys::generate(&pepper);
         let record = ApiKeyRecord {
             id: new.id.clone(),
             name: "test".into(),
@@ -387,9 +435,25 @@ pub fn verify_signature(
     }
 }
 
-/// Generates `name_sqlite` and `name_postgres` tests from `async fn name(Backend)`.
+/// Generates a `sqlite` and a `postgres` test in a module named after each
+/// function: `async fn name(Backend)`, or, after `with runner:`, any
+/// function that `runner(Backend, name)` runs (the store suite's).
 #[macro_export]
 macro_rules! on_both_backends {
+    (with $runner:path: $($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    $runner($crate::helpers::Backend::Sqlite, super::$name).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    $runner($crate::helpers::Backend::Postgres, super::$name).await
+                }
+            }
+        )*
+    };
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
@@ -404,4 +468,20 @@ macro_rules! on_both_backends {
             }
         )*
     };
+}
+
+#[test]
+fn test_urls_replace_only_the_database() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
+        "postgres://postgres@127.0.0.1:5432/t1"
+    );
+    assert_eq!(
+        with_database("postgres://u:p@h/db?sslmode=disable", "t2"),
+        "postgres://u:p@h/t2?sslmode=disable"
+    );
+    assert_eq!(
+        with_database("postgres://h:5432", "t3"),
+        "postgres://h:5432/t3"
+    );
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::api::assert_verdict_shape;
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 /// An ordinary synthetic picture: a colour gradient.
 pub fn png(width: u32, height: u32) -> Vec<u8> {

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::child::{enterprise_key, env_for, ChildServer};
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::KeyId;
+use moderato::access::KeyId;
 
 async fn sigkill_under_load_loses_no_answered_request(backend: Backend) {
     let db = TestDb::new(backend).await;

@@ -58,7 +58,7 @@ async fn create_use_revoke_refuse(backend: Backend) {
     // The stored hash is not the key.
     let stored = app
         .store
-        .get_key(&moderato::store::KeyId::parse(&id).unwrap())
+        .get_key(&moderato::access::KeyId::parse(&id).unwrap())
         .await
         .unwrap()
         .unwrap();

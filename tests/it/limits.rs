@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 /// Fires `n` requests at once; returns (status, headers) of each.
 async fn burst(app: &TestApp, key: &str, n: usize) -> Vec<(u16, reqwest::header::HeaderMap)> {

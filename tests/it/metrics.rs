@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 /// One scrape: each series (`name{a="x",b="y"}`, labels sorted) to its value.
 struct Scrape(BTreeMap<String, f64>);

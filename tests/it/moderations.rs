@@ -15,8 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::helpers::*;
 use crate::images::{data_uri, png};
 use crate::on_both_backends;
+use moderato::access::{Endpoint, Tier};
 use moderato::config::TextClassifierKind;
-use moderato::store::{Endpoint, Period, Tier};
+use moderato::store::Period;
 
 const CATEGORIES: [&str; 11] = [
     "harassment",

@@ -4,10 +4,10 @@
 //!
 //! Needs the converted weights: scripts/test.sh runs scripts/setup.sh first.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use moderato::moderation::image::{decode, ImageFormat, ImageLimits};
-use moderato::moderation::nsfw::{NsfwClassifier, CLASSES, MODEL_ID};
+use moderato::moderation::image::decode::{decode, ImageFormat};
+use moderato::moderation::image::nsfw::{NsfwClassifier, CLASSES, MODEL_ID};
 use moderato::moderation::{Category, ImageClassifier};
 
 const TOLERANCE: f32 = 1e-3;
@@ -16,11 +16,7 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("models"))
-}
+use crate::helpers::models_dir;
 
 fn classifier() -> Option<NsfwClassifier> {
     Some(NsfwClassifier::load(&models_dir()).unwrap_or_else(|e| panic!("{e}")))
@@ -46,7 +42,12 @@ fn probabilities_agree_with_nsfwjs() {
     let mut max_diff = 0f32;
     for (file, expected) in images {
         let bytes = std::fs::read(root().join("tests/fixtures/images").join(file)).unwrap();
-        let image = decode(ImageFormat::Png, bytes.into(), &ImageLimits::default()).unwrap();
+        let image = decode(
+            ImageFormat::Png,
+            bytes.into(),
+            &moderato::config::Config::embedded_defaults().limits.image,
+        )
+        .unwrap();
         resized_checked |= (image.width, image.height) != (224, 224);
         let got = model.class_probabilities(&image).unwrap();
         let want: Vec<f32> = expected["probabilities"]
@@ -78,7 +79,12 @@ fn probabilities_agree_with_nsfwjs() {
 fn scores_only_sexual_and_reports_the_model() {
     let Some(model) = classifier() else { return };
     let bytes = std::fs::read(root().join("tests/fixtures/images/checkerboard.png")).unwrap();
-    let image = decode(ImageFormat::Png, bytes.into(), &ImageLimits::default()).unwrap();
+    let image = decode(
+        ImageFormat::Png,
+        bytes.into(),
+        &moderato::config::Config::embedded_defaults().limits.image,
+    )
+    .unwrap();
     let scores = model.score(&image).unwrap();
     assert_eq!(scores.evaluated, vec![Category::Sexual]);
     assert_eq!(model.model_id(), MODEL_ID);
@@ -102,7 +108,7 @@ fn any_decodable_size_gives_a_distribution() {
         let rgb = image::RgbImage::from_fn(w, h, |x, y| {
             image::Rgb([(x % 256) as u8, (y % 256) as u8, 90])
         });
-        let image = moderato::moderation::image::DecodedImage {
+        let image = moderato::moderation::image::decode::DecodedImage {
             format: ImageFormat::Png,
             width: w,
             height: h,

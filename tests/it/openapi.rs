@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::helpers::*;
 use crate::images::{data_uri, png};
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
 

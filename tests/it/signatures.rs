@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::Tier;
+use moderato::access::Tier;
 
 async fn jwks(app: &TestApp) -> Value {
     app.client

@@ -1,7 +1,8 @@
 //! One behavioural suite for the `Store` trait, run against PostgreSQL and
-//! SQLite. Each test gets a fresh database: a new PostgreSQL database on the
-//! server named by `MODERATO_TEST_PG_URL` (default: the local one, trust
-//! auth; `skip` skips the PostgreSQL half), or a SQLite file in a temp dir.
+//! SQLite. Each test gets a fresh database from `helpers::TestDb`: a new
+//! PostgreSQL database on the server named by `MODERATO_TEST_PG_URL`
+//! (default: the local one, trust auth), dropped afterwards, or a SQLite
+//! file in a temp dir.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,130 +10,41 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use moderato::access::{Account, AccountId, Email, PasswordHash, Plan, Role};
+use moderato::access::{ApiKeyRecord, Endpoint, KeyId, Tier, UsageEvent};
 use moderato::store::{
-    self, ApiKeyRecord, BillingRow, Endpoint, KeyId, NewAccountKey, NewSession, Period,
-    PostgresStore, SignInFailures, SqliteStore, Store, StoreError, Tier, UsageEvent,
+    self, BillingRow, NewAccountKey, NewSession, Period, PostgresStore, SignInFailures,
+    SqliteStore, Store, StoreError,
 };
-use sqlx::Connection;
 
-const DEFAULT_PG_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Postgres,
-    Sqlite,
-}
-
-/// A fresh database for one test and how to reach it.
-struct Fixture {
-    url: String,
-    admin_url: Option<String>,
-    db_name: Option<String>,
-    _dir: Option<tempfile::TempDir>,
-}
+use crate::helpers::{Backend, TestDb};
+use crate::on_both_backends;
 
 /// What a test body gets.
 #[derive(Clone)]
 struct Ctx {
-    kind: Kind,
+    kind: Backend,
     url: String,
     store: Arc<dyn Store>,
 }
 
-fn pg_admin_url() -> Option<String> {
-    match std::env::var("MODERATO_TEST_PG_URL") {
-        Ok(v) if v == "skip" => None,
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => Some(DEFAULT_PG_ADMIN_URL.to_owned()),
-    }
-}
-
-/// The admin URL with its database replaced by `db`.
-fn with_database(admin_url: &str, db: &str) -> String {
-    let (base, query) = match admin_url.split_once('?') {
-        Some((b, q)) => (b, format!("?{q}")),
-        None => (admin_url, String::new()),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let server = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    format!("{server}/{db}{query}")
-}
-
-impl Fixture {
-    async fn new(kind: Kind) -> Option<Fixture> {
-        match kind {
-            Kind::Postgres => {
-                let admin_url = pg_admin_url()?;
-                let db_name = format!("moderato_test_{}", uuid::Uuid::new_v4().simple());
-                let mut admin = sqlx::PgConnection::connect(&admin_url)
-                    .await
-                    .expect("PostgreSQL admin connection (set MODERATO_TEST_PG_URL, or `skip`)");
-                sqlx::query(&format!("CREATE DATABASE {db_name}"))
-                    .execute(&mut admin)
-                    .await
-                    .expect("create test database");
-                let _ = admin.close().await;
-                Some(Fixture {
-                    url: with_database(&admin_url, &db_name),
-                    admin_url: Some(admin_url),
-                    db_name: Some(db_name),
-                    _dir: None,
-                })
-            }
-            Kind::Sqlite => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                let url = format!("sqlite:{}", dir.path().join("moderato.db").display());
-                Some(Fixture {
-                    url,
-                    admin_url: None,
-                    db_name: None,
-                    _dir: Some(dir),
-                })
-            }
-        }
-    }
-
-    /// Drops the PostgreSQL database, best effort.
-    async fn cleanup(self) {
-        if let (Some(admin_url), Some(db_name)) = (self.admin_url, self.db_name) {
-            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
-                let drop = format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)");
-                let _ = sqlx::query(&drop).execute(&mut admin).await;
-                let _ = admin.close().await;
-            }
-        }
-    }
-}
-
-/// Runs `body` on a fresh, migrated database of `kind`, then removes the
-/// database even when the body panics.
-async fn run<F, Fut>(kind: Kind, body: F)
+/// Runs `body` on a fresh, migrated database of `backend`; the database is
+/// dropped afterwards, even when the body panics.
+async fn run<F, Fut>(backend: Backend, body: F)
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let Some(fixture) = Fixture::new(kind).await else {
-        eprintln!("MODERATO_TEST_PG_URL=skip: PostgreSQL test skipped");
-        return;
+    let db = TestDb::new(backend).await;
+    let store = store::connect(&db.url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to a fresh {backend:?} database: {e}"));
+    let ctx = Ctx {
+        kind: backend,
+        url: db.url.clone(),
+        store,
     };
-    let outcome = match store::connect(&fixture.url).await {
-        Ok(store) => {
-            let ctx = Ctx {
-                kind,
-                url: fixture.url.clone(),
-                store,
-            };
-            tokio::spawn(body(ctx)).await
-        }
-        Err(e) => {
-            fixture.cleanup().await;
-            panic!("connect to fresh {kind:?} database: {e}");
-        }
-    };
-    fixture.cleanup().await;
+    let outcome = tokio::spawn(body(ctx)).await;
+    drop(db);
     if let Err(e) = outcome {
         if e.is_panic() {
             std::panic::resume_unwind(e.into_panic());
@@ -141,26 +53,7 @@ where
     }
 }
 
-/// Declares `$name` as one test per backend.
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::run(super::Kind::Postgres, super::$name).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::run(super::Kind::Sqlite, super::$name).await;
-                }
-            }
-        )*
-    };
-}
-
-both_backends!(
+on_both_backends!(with super::run:
     migrations_are_idempotent,
     ping_answers,
     keys_round_trip_and_list_oldest_first,
@@ -639,12 +532,12 @@ async fn billing_view_matches_daily_billing(ctx: Ctx) {
     let store = ctx.store.as_ref();
     seed_billing(store).await;
     let sql = match ctx.kind {
-        Kind::Postgres => {
+        Backend::Postgres => {
             "SELECT key_id, day::text AS day, requests, text_items, text_chars, \
                            image_items, deep_analyses, rate_limited \
                            FROM usage_billing_daily ORDER BY key_id, day"
         }
-        Kind::Sqlite => {
+        Backend::Sqlite => {
             "SELECT key_id, day, requests, text_items, text_chars, \
                          image_items, deep_analyses, rate_limited \
                          FROM usage_billing_daily ORDER BY key_id, day"
@@ -652,14 +545,14 @@ async fn billing_view_matches_daily_billing(ctx: Ctx) {
     };
     type ViewRow = (String, String, i64, i64, i64, i64, i64, i64);
     let from_view: Vec<ViewRow> = match ctx.kind {
-        Kind::Postgres => {
+        Backend::Postgres => {
             let pg = PostgresStore::connect(&ctx.url).await.expect("connect");
             sqlx::query_as(sql)
                 .fetch_all(pg.pool())
                 .await
                 .expect("query view")
         }
-        Kind::Sqlite => {
+        Backend::Sqlite => {
             let lite = SqliteStore::connect(&ctx.url).await.expect("connect");
             sqlx::query_as(sql)
                 .fetch_all(lite.pool())
@@ -821,22 +714,6 @@ async fn sqlite_file_is_shared_between_processes_opening_it() {
     assert_eq!(mode.to_lowercase(), "wal");
 }
 
-#[test]
-fn test_urls_replace_only_the_database() {
-    assert_eq!(
-        with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
-        "postgres://postgres@127.0.0.1:5432/t1"
-    );
-    assert_eq!(
-        with_database("postgres://u:p@h/db?sslmode=disable", "t2"),
-        "postgres://u:p@h/t2?sslmode=disable"
-    );
-    assert_eq!(
-        with_database("postgres://h:5432", "t3"),
-        "postgres://h:5432/t3"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_first_start_by_several_processes_migrates_once() {
     // The server and a `moderato keys` command may both find no database.
@@ -862,7 +739,7 @@ async fn sqlite_in_memory_keeps_data_across_pooled_connections() {
 
 // Accounts, dashboard sessions and the sign-in lockout.
 
-both_backends!(
+on_both_backends!(with super::run:
     accounts_round_trip_and_emails_are_unique,
     cli_keys_belong_to_the_operator_account,
     account_keys_take_the_accounts_plan_and_follow_its_changes,

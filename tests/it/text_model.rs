@@ -1,17 +1,12 @@
 //! The trained text model end to end: the fetched MiniLM encoder with the
 //! shipped heads. Needs `models/minilm` (run `scripts/setup.sh`).
 
-use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use moderato::moderation::text_model::{EmbeddingClassifier, TextModelError, SHIPPED_HEADS_JSON};
+use moderato::moderation::text::model::{EmbeddingClassifier, TextModelError, SHIPPED_HEADS_JSON};
 use moderato::moderation::{Category, CategoryScores, Deadline, TextClassifier};
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("MODERATO_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
-}
+use crate::helpers::models_dir;
 
 fn model() -> &'static EmbeddingClassifier {
     static MODEL: OnceLock<EmbeddingClassifier> = OnceLock::new();

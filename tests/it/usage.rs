@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use crate::child::enterprise_key;
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::store::{KeyId, Period, Tier};
+use moderato::access::{KeyId, Tier};
+use moderato::store::Period;
 
 async fn rows_equal_responses_after_a_concurrent_burst(backend: Backend) {
     let app = spawn_app(backend).await;

@@ -13,8 +13,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
 use bytes::Bytes;
-use moderato::moderation::image::ImageFormat;
-use moderato::moderation::vision::{
+use moderato::moderation::image::decode::ImageFormat;
+use moderato::moderation::image::vision::{
     AnalysisStatus, ImageAnalysis, VisionClient, VisionImage, VisionSettings,
 };
 use serde_json::{json, Value};
@@ -126,7 +126,7 @@ fn settings(addr: SocketAddr) -> VisionSettings {
         model: Some(MODEL.into()),
         api_key: Some("test-key-123".into()),
         timeout_ms: 2_000,
-        ..VisionSettings::default()
+        ..moderato::config::Config::embedded_defaults().vision
     }
 }
 

@@ -20,7 +20,6 @@
 //! the process). The bytes then go through exactly the validation of an
 //! inline image.
 
-#[path = "remote/address.rs"]
 mod address;
 
 use std::fmt;
@@ -37,7 +36,7 @@ use tokio::sync::Semaphore;
 
 pub use address::is_public;
 
-use super::image::ImageLimits;
+use super::decode::ImageLimits;
 
 /// Redirects followed, each checked as the first URL was: enough for a CDN's
 /// canonical-URL hop, too few to bounce around.
@@ -547,5 +546,4 @@ async fn resolve_checked(
 }
 
 #[cfg(test)]
-#[path = "remote/tests.rs"]
 mod tests;

@@ -15,8 +15,8 @@ use super::*;
 use crate::moderation::engine::{
     Engine, EngineBudget, EngineError, EngineParts, ImageSource, Item, ItemOutcome,
 };
-use crate::moderation::image::{DecodedImage, ImageError};
-use crate::moderation::null::NullClassifier;
+use crate::moderation::image::decode::{DecodedImage, ImageError};
+use crate::moderation::text::null::NullClassifier;
 use crate::moderation::{Category, ImageClassifier, ImageScores, Thresholds};
 
 const MAX_BYTES: usize = 4096;
@@ -178,7 +178,7 @@ fn loopback_fetcher() -> RemoteImages {
     let hosts = ["localhost", "127.0.0.1", "10.0.0.1", "169.254.169.254"];
     let fetcher = Fetcher::new(
         &settings(&hosts),
-        &ImageLimits::default(),
+        &crate::config::Config::embedded_defaults().limits.image,
         AddressPolicy::LoopbackToo,
     )
     .expect("fetcher");
@@ -294,7 +294,7 @@ async fn the_service_policy_refuses_loopback_before_any_connection() {
     let host = FakeHost::start(routes).await;
     let remote = RemoteImages::from_settings(
         &settings(&["localhost", "127.0.0.1", "[::1]"]),
-        &ImageLimits::default(),
+        &crate::config::Config::embedded_defaults().limits.image,
     )
     .unwrap();
     let port = host.addr.port();
@@ -323,7 +323,7 @@ fn urls_are_checked_before_any_look_up() {
             allow_http: false,
             ..settings(&["images.example.com", "*.cdn.example.net"])
         },
-        &ImageLimits::default(),
+        &crate::config::Config::embedded_defaults().limits.image,
     )
     .unwrap();
     let check = |url: &str| remote.check(url).map(|_| ());
@@ -485,7 +485,7 @@ fn engine(budget: EngineBudget) -> Engine {
         text_thresholds: Thresholds::uniform(0.5),
         image: Some(Arc::new(Fixed)),
         image_thresholds: Thresholds::uniform(0.5),
-        image_limits: ImageLimits::default(),
+        image_limits: crate::config::Config::embedded_defaults().limits.image,
         vision: None,
         budget,
     })
@@ -505,7 +505,7 @@ async fn a_fetch_stops_at_the_request_deadline() {
             timeout_ms: 30_000,
             ..settings(&["localhost"])
         },
-        &ImageLimits::default(),
+        &crate::config::Config::embedded_defaults().limits.image,
         AddressPolicy::LoopbackToo,
     )
     .unwrap();
@@ -540,7 +540,7 @@ async fn fetches_beyond_the_pool_are_refused_as_busy() {
             max_concurrent_fetches: 1,
             ..settings(&["localhost"])
         },
-        &ImageLimits::default(),
+        &crate::config::Config::embedded_defaults().limits.image,
         AddressPolicy::LoopbackToo,
     )
     .unwrap();

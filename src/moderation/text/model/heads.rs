@@ -13,8 +13,8 @@ use serde::Deserialize;
 use super::encoder::{WindowConfig, EMBEDDING_DIM};
 use super::TextModelError;
 use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
-use crate::moderation::lexical::LexicalClassifier;
-use crate::moderation::normalize::normalize;
+use crate::moderation::text::lexical::LexicalClassifier;
+use crate::moderation::text::normalize::normalize;
 
 /// How many lexical features a head reads: the lexical layer's score of
 /// every category, then its minor signal.

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::category::{Category, CategoryScores, Thresholds};
-use super::classifier::{ImageClassifier, ImageScores};
-use super::image::DecodedImage;
+use super::decode::DecodedImage;
+use crate::moderation::category::{Category, CategoryScores, Thresholds};
+use crate::moderation::classifier::{ImageClassifier, ImageScores};
 
 /// Reported in responses' `model` field.
 pub const MODEL_ID: &str = "nsfwjs-mobilenetv2-4.4.0";

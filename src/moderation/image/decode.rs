@@ -20,7 +20,7 @@ use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage, RgbaImage
 
 // The path is spelt out so that the fuzz target, which compiles this file
 // as a module of its own, finds it too.
-#[path = "image/budget.rs"]
+#[path = "budget.rs"]
 mod budget;
 pub use budget::{DecodeBudget, DecodeReservation, NoMemoryInTime};
 
@@ -91,9 +91,10 @@ impl ImageFormat {
     }
 }
 
-/// Hard limits applied before and while decoding.
+/// Hard limits applied before and while decoding. Their defaults are in
+/// `config/default.toml` (`[limits.image]`).
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct ImageLimits {
     /// Decoded (binary) bytes of one image.
     pub max_bytes: usize,
@@ -103,18 +104,6 @@ pub struct ImageLimits {
     pub max_pixels: u64,
     /// Memory the decoder may allocate for one image.
     pub max_alloc_bytes: u64,
-}
-
-impl Default for ImageLimits {
-    fn default() -> Self {
-        ImageLimits {
-            max_bytes: 4 * 1024 * 1024,
-            max_width: 8192,
-            max_height: 8192,
-            max_pixels: 40_000_000,
-            max_alloc_bytes: 256 * 1024 * 1024,
-        }
-    }
 }
 
 /// A decoded image, ready for a classifier.

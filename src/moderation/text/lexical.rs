@@ -7,9 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
-use super::classifier::TextClassifier;
 use super::normalize::{self, normalize, tokens};
+use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
+use crate::moderation::classifier::TextClassifier;
 
 /// Longest phrase, in tokens, that a lexicon line may have.
 const MAX_PHRASE_TOKENS: usize = 10;
@@ -28,60 +28,108 @@ const MAX_SCORE: f32 = 0.99;
 const CATEGORY_LISTS: [(Category, &str); 10] = [
     (
         Category::Harassment,
-        include_str!("../../assets/lexicon/harassment.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/harassment.txt"
+        )),
     ),
     (
         Category::HarassmentThreatening,
-        include_str!("../../assets/lexicon/harassment_threatening.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/harassment_threatening.txt"
+        )),
     ),
     (
         Category::Hate,
-        include_str!("../../assets/lexicon/hate.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/hate.txt"
+        )),
     ),
     (
         Category::HateThreatening,
-        include_str!("../../assets/lexicon/hate_threatening.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/hate_threatening.txt"
+        )),
     ),
     (
         Category::SelfHarm,
-        include_str!("../../assets/lexicon/self_harm.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/self_harm.txt"
+        )),
     ),
     (
         Category::SelfHarmIntent,
-        include_str!("../../assets/lexicon/self_harm_intent.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/self_harm_intent.txt"
+        )),
     ),
     (
         Category::SelfHarmInstructions,
-        include_str!("../../assets/lexicon/self_harm_instructions.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/self_harm_instructions.txt"
+        )),
     ),
     (
         Category::Sexual,
-        include_str!("../../assets/lexicon/sexual.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/sexual.txt"
+        )),
     ),
     (
         Category::Violence,
-        include_str!("../../assets/lexicon/violence.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/violence.txt"
+        )),
     ),
     (
         Category::ViolenceGraphic,
-        include_str!("../../assets/lexicon/violence_graphic.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/violence_graphic.txt"
+        )),
     ),
 ];
 /// Phrases that count only when a group of people is mentioned.
 const GROUP_DIRECTED_LISTS: [(Category, &str); 2] = [
     (
         Category::Hate,
-        include_str!("../../assets/lexicon/hate_group.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/hate_group.txt"
+        )),
     ),
     (
         Category::HateThreatening,
-        include_str!("../../assets/lexicon/hate_threatening_group.txt"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/lexicon/hate_threatening_group.txt"
+        )),
     ),
 ];
-const GROUPS_LIST: &str = include_str!("../../assets/lexicon/groups.txt");
-const MINORS_LIST: &str = include_str!("../../assets/lexicon/minors.txt");
-const ALLOW_LIST: &str = include_str!("../../assets/lexicon/allow.txt");
-const NOT_ELONGATED_LIST: &str = include_str!("../../assets/lexicon/not_elongated.txt");
+const GROUPS_LIST: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/lexicon/groups.txt"
+));
+const MINORS_LIST: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/lexicon/minors.txt"
+));
+const ALLOW_LIST: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/lexicon/allow.txt"
+));
+const NOT_ELONGATED_LIST: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/lexicon/not_elongated.txt"
+));
 
 /// Weight of a lexicon line that gives none.
 const DEFAULT_WEIGHT: f32 = 0.5;

@@ -79,10 +79,6 @@ pub struct LocalLimiter {
 }
 
 impl LocalLimiter {
-    pub fn check(&self, bucket: &str, rpm: u32) -> Decision {
-        self.check_n(bucket, rpm, 1)
-    }
-
     /// Counts `cost` units (characters, say) against `bucket`'s allowance of
     /// `per_minute`; a cost over the whole allowance is always refused.
     pub fn check_n(&self, bucket: &str, per_minute: u32, cost: u32) -> Decision {
@@ -225,13 +221,6 @@ impl RedisLimiter {
     }
 }
 
-/// Which limiter answered, for logs and tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Local,
-    Redis,
-}
-
 /// The service's limiter: Redis when configured and reachable, else local.
 pub struct RateLimiter {
     local: LocalLimiter,
@@ -267,23 +256,23 @@ impl RateLimiter {
     }
 
     /// Counts one request against `bucket`'s allowance of `rpm` per minute.
-    pub async fn check(&self, bucket: &str, rpm: u32) -> (Decision, Backend) {
+    pub async fn check(&self, bucket: &str, rpm: u32) -> Decision {
         self.check_n(bucket, rpm, 1).await
     }
 
     /// Counts `cost` units against `bucket`'s allowance of `per_minute`
     /// (GCRA with a burst of one minute's allowance): characters per minute
     /// beside requests per minute. A cost over `per_minute` is refused.
-    pub async fn check_n(&self, bucket: &str, per_minute: u32, cost: u32) -> (Decision, Backend) {
+    pub async fn check_n(&self, bucket: &str, per_minute: u32, cost: u32) -> Decision {
         let per_minute = per_minute.max(1);
         let cost = cost.max(1);
         if let Some(redis) = &self.redis {
             match redis.check(bucket, per_minute, cost).await {
-                Ok(decision) => return (decision, Backend::Redis),
+                Ok(decision) => return decision,
                 Err(reason) => self.warn_fallback(&reason),
             }
         }
-        (self.local.check_n(bucket, per_minute, cost), Backend::Local)
+        self.local.check_n(bucket, per_minute, cost)
     }
 
     fn warn_fallback(&self, reason: &str) {
@@ -367,7 +356,7 @@ mod tests {
     #[test]
     fn fresh_free_key_gets_its_burst_then_one_every_six_seconds() {
         let limiter = LocalLimiter::default();
-        let decisions: Vec<Decision> = (0..11).map(|_| limiter.check("k", 10)).collect();
+        let decisions: Vec<Decision> = (0..11).map(|_| limiter.check_n("k", 10, 1)).collect();
         assert!(decisions[..10].iter().all(|d| d.allowed));
         assert_eq!(decisions[0].remaining, 9);
         assert_eq!(decisions[9].remaining, 0);
@@ -402,8 +391,8 @@ mod tests {
     #[test]
     fn a_changed_limit_takes_effect() {
         let limiter = LocalLimiter::default();
-        assert_eq!(limiter.check("k", 10).remaining, 9);
-        assert_eq!(limiter.check("k", 60).remaining, 59);
+        assert_eq!(limiter.check_n("k", 10, 1).remaining, 9);
+        assert_eq!(limiter.check_n("k", 60, 1).remaining, 59);
     }
 
     #[test]

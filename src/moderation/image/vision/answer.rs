@@ -20,7 +20,7 @@ const MAX_EXCERPT_WORD_CHARS: usize = 24;
 
 /// A successful analysis of one image.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Verdict {
+pub(super) struct ProviderVerdict {
     /// Only the categories the model evaluated, by API name, each in [0, 1].
     pub scores: BTreeMap<String, f32>,
     pub rationale: Option<String>,
@@ -150,7 +150,7 @@ fn response_format() -> Value {
 }
 
 /// Reads a Chat Completions response body: `choices[0].message.content`.
-pub(super) fn parse_completion(body: &[u8]) -> Result<Verdict, AnswerError> {
+pub(super) fn parse_completion(body: &[u8]) -> Result<ProviderVerdict, AnswerError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| AnswerError::NotACompletion)?;
     let message = value
         .get("choices")
@@ -177,7 +177,7 @@ fn join_text_parts(parts: &[Value]) -> String {
 /// out (or `null`) is "not evaluated", and a score outside [0, 1] rejects
 /// the whole answer: a model that gets the scale wrong cannot be trusted on
 /// the other scores either, so clamping would hide a broken provider.
-pub(super) fn parse_content(content: &str) -> Result<Verdict, AnswerError> {
+pub(super) fn parse_content(content: &str) -> Result<ProviderVerdict, AnswerError> {
     let value: Value = serde_json::from_str(unfence(content)).map_err(|_| AnswerError::NotJson)?;
     let object = value.as_object().ok_or(AnswerError::NotJson)?;
     let raw_scores = object
@@ -197,7 +197,7 @@ pub(super) fn parse_content(content: &str) -> Result<Verdict, AnswerError> {
         .get("rationale")
         .and_then(Value::as_str)
         .and_then(clean_rationale);
-    Ok(Verdict { scores, rationale })
+    Ok(ProviderVerdict { scores, rationale })
 }
 
 fn parse_score(category: Category, raw: &Value) -> Result<Option<f32>, AnswerError> {
@@ -296,7 +296,7 @@ fn looks_secret(word: &str, secret: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moderation::image::ImageFormat;
+    use crate::moderation::image::decode::ImageFormat;
     use bytes::Bytes;
 
     fn completion(content: &str) -> Vec<u8> {

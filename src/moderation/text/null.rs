@@ -1,8 +1,8 @@
 //! A text classifier that scores everything 0. Only for measuring the
 //! service's own overhead around the model (`text_classifier = "null"`).
 
-use super::category::{CategoryScores, Thresholds};
-use super::classifier::TextClassifier;
+use crate::moderation::category::{CategoryScores, Thresholds};
+use crate::moderation::classifier::TextClassifier;
 
 pub struct NullClassifier;
 

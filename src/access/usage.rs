@@ -15,16 +15,79 @@
 pub mod journal;
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::keys::KeyId;
 use crate::metrics::names;
-use crate::store::{Store, StoreError, UsageEvent};
+use crate::store::{Store, StoreError};
 use journal::{Journal, JournalError, SegmentId};
+
+/// One metered request, authenticated. Written in batches; `request_id` is
+/// unique so that a retried batch never counts a request twice. Serialisable
+/// for the spill file written when the database is away at shutdown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UsageEvent {
+    pub request_id: String,
+    pub key_id: KeyId,
+    pub at: DateTime<Utc>,
+    pub status: u16,
+    pub text_items: u32,
+    pub text_chars: u64,
+    pub image_items: u32,
+    pub image_bytes: u64,
+    pub deep_analyses: u32,
+    pub flagged: bool,
+    /// Refused by the rate limiter (429).
+    pub rate_limited: bool,
+    /// Counts for billing: a successful (200) moderation.
+    pub billable: bool,
+    pub latency_ms: u32,
+    /// The route that served it. Journal lines written before the column
+    /// existed have none: they all came from `/v1/moderate`.
+    #[serde(default)]
+    pub endpoint: Endpoint,
+}
+
+/// The metered route a usage event came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `POST /v1/moderate`, Moderato's own API.
+    #[default]
+    Moderate,
+    /// `POST /v1/moderations`, the OpenAI-compatible one.
+    Moderations,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 2] = [Endpoint::Moderate, Endpoint::Moderations];
+
+    /// The value stored in `usage_events.endpoint`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Moderate => "moderate",
+            Endpoint::Moderations => "moderations",
+        }
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Endpoint, String> {
+        Endpoint::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| format!("unknown endpoint {s:?}: expected moderate or moderations"))
+    }
+}
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -405,7 +468,7 @@ async fn store_leftovers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ApiKeyRecord, KeyId, Tier};
+    use crate::access::{ApiKeyRecord, KeyId, Tier};
 
     fn event(key: &KeyId, n: u32) -> UsageEvent {
         UsageEvent {
@@ -422,7 +485,7 @@ mod tests {
             rate_limited: false,
             billable: true,
             latency_ms: 3,
-            endpoint: crate::store::Endpoint::Moderate,
+            endpoint: crate::access::Endpoint::Moderate,
         }
     }
 
@@ -523,7 +586,9 @@ mod tests {
         writer.finish(Duration::from_secs(10)).await;
         assert_eq!(store.usage_events(Some(&key)).await.unwrap().len(), 3);
         assert!(
-            journal::read_leftover_names(&settings.journal_dir).is_empty(),
+            journal::leftover_files(&settings.journal_dir)
+                .unwrap_or_default()
+                .is_empty(),
             "a stored journal is trimmed"
         );
     }

@@ -10,19 +10,19 @@ use std::time::{Duration, Instant};
 use futures::future::{BoxFuture, Shared};
 use lru::LruCache;
 
-use super::answer::Verdict;
+use super::answer::ProviderVerdict;
 use super::Failure;
 
 pub(super) type Digest = [u8; 32];
 
 /// What one flight (all attempts for one image) ends with.
-pub(super) type Outcome = Result<Arc<Verdict>, Failure>;
+pub(super) type Outcome = Result<Arc<ProviderVerdict>, Failure>;
 
 /// A flight's outcome, awaitable by any number of requests.
 pub(super) type Pending = Shared<BoxFuture<'static, Outcome>>;
 
 pub(super) enum Lookup {
-    Cached(Arc<Verdict>),
+    Cached(Arc<ProviderVerdict>),
     InFlight(Pending),
 }
 
@@ -33,7 +33,7 @@ pub(super) struct Flights {
 
 struct State {
     /// `None` when caching is disabled.
-    cache: Option<LruCache<Digest, (Instant, Arc<Verdict>)>>,
+    cache: Option<LruCache<Digest, (Instant, Arc<ProviderVerdict>)>>,
     in_flight: HashMap<Digest, Pending>,
 }
 
@@ -91,7 +91,7 @@ impl Flights {
 }
 
 impl State {
-    fn cached(&mut self, digest: &Digest, ttl: Duration) -> Option<Arc<Verdict>> {
+    fn cached(&mut self, digest: &Digest, ttl: Duration) -> Option<Arc<ProviderVerdict>> {
         let cache = self.cache.as_mut()?;
         let (stored_at, verdict) = cache.get(digest)?;
         if stored_at.elapsed() < ttl {
@@ -108,8 +108,8 @@ mod tests {
     use futures::FutureExt;
     use std::collections::BTreeMap;
 
-    fn verdict() -> Arc<Verdict> {
-        Arc::new(Verdict {
+    fn verdict() -> Arc<ProviderVerdict> {
+        Arc::new(ProviderVerdict {
             scores: BTreeMap::from([("hate".to_owned(), 0.5)]),
             rationale: None,
         })

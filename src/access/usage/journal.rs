@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::store::UsageEvent;
+use super::UsageEvent;
 
 /// A segment is closed after this many bytes.
 const MAX_SEGMENT_BYTES: u64 = 8 << 20;
@@ -122,10 +122,6 @@ impl Journal {
         Ok((Arc::new(journal), leftovers))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Appends the event and returns once it is on disk (fsync'd).
     pub async fn append(&self, event: &UsageEvent) -> Result<SegmentId, JournalError> {
         let mut line = serde_json::to_vec(event)?;
@@ -201,7 +197,7 @@ impl Drop for Journal {
 }
 
 /// Journal segments and old spill files in `dir`, oldest first.
-fn leftover_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
+pub(super) fn leftover_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()
         .map(|entry| entry.path())
@@ -375,15 +371,10 @@ pub fn quarantine_file(path: &Path) -> io::Result<PathBuf> {
     Ok(target)
 }
 
-/// Names of left-over files in `dir` (for tests and tools).
-pub fn read_leftover_names(dir: &Path) -> Vec<PathBuf> {
-    leftover_files(dir).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::KeyId;
+    use crate::access::KeyId;
 
     pub(crate) fn event(n: u32) -> UsageEvent {
         UsageEvent {
@@ -400,7 +391,7 @@ mod tests {
             rate_limited: false,
             billable: true,
             latency_ms: 3,
-            endpoint: crate::store::Endpoint::Moderate,
+            endpoint: crate::access::Endpoint::Moderate,
         }
     }
 

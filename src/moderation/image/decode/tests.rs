@@ -7,6 +7,10 @@ use image::{ExtendedColorType, ImageEncoder, Rgb, RgbImage, Rgba, RgbaImage};
 
 use super::*;
 
+fn default_limits() -> ImageLimits {
+    crate::config::Config::embedded_defaults().limits.image
+}
+
 fn gradient(width: u32, height: u32) -> RgbImage {
     RgbImage::from_fn(width, height, |x, y| {
         Rgb([
@@ -143,7 +147,7 @@ fn decodes_each_accepted_format_to_rgb_of_the_right_size() {
         ("image/gif", gif_bytes(&[frame]), ImageFormat::Gif),
     ];
     for (media_type, bytes, format) in cases {
-        let decoded = parse_and_decode(&data_uri(media_type, &bytes), &ImageLimits::default())
+        let decoded = parse_and_decode(&data_uri(media_type, &bytes), &default_limits())
             .unwrap_or_else(|e| panic!("{media_type}: {e}"));
         assert_eq!(decoded.format, format, "{media_type}");
         assert_eq!((decoded.width, decoded.height), (40, 30), "{media_type}");
@@ -159,8 +163,7 @@ fn lossless_formats_keep_the_pixels() {
         ("image/png", png_bytes(&img)),
         ("image/webp", webp_bytes(&img)),
     ] {
-        let decoded =
-            parse_and_decode(&data_uri(media_type, &bytes), &ImageLimits::default()).unwrap();
+        let decoded = parse_and_decode(&data_uri(media_type, &bytes), &default_limits()).unwrap();
         assert_eq!(decoded.rgb, img, "{media_type}");
     }
 }
@@ -171,7 +174,7 @@ fn gif_uses_the_first_frame() {
     let blue = RgbaImage::from_pixel(8, 8, Rgba([0, 0, 255, 255]));
     let decoded = parse_and_decode(
         &data_uri("image/gif", &gif_bytes(&[red, blue])),
-        &ImageLimits::default(),
+        &default_limits(),
     )
     .unwrap();
     let p = decoded.rgb.get_pixel(4, 4).0;
@@ -190,8 +193,7 @@ fn transparency_is_composited_on_white() {
     PngEncoder::new(&mut bytes)
         .write_image(img.as_raw(), 4, 1, ExtendedColorType::Rgba8)
         .unwrap();
-    let decoded =
-        parse_and_decode(&data_uri("image/png", &bytes), &ImageLimits::default()).unwrap();
+    let decoded = parse_and_decode(&data_uri("image/png", &bytes), &default_limits()).unwrap();
     assert_eq!(decoded.rgb.get_pixel(0, 0).0, [255, 255, 255]);
     assert_eq!(decoded.rgb.get_pixel(1, 0).0, [0, 0, 0]);
     let grey = decoded.rgb.get_pixel(2, 0).0;
@@ -201,7 +203,7 @@ fn transparency_is_composited_on_white() {
 
 #[test]
 fn uri_syntax_errors_say_what_is_wrong() {
-    let limits = ImageLimits::default();
+    let limits = default_limits();
     let png = png_bytes(&gradient(4, 4));
     let good = data_uri("image/png", &png);
     assert!(parse_data_uri(&good, &limits).is_ok());
@@ -240,7 +242,7 @@ fn media_type_parameters_are_tolerated() {
     let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
     let (format, bytes) = parse_data_uri(
         &format!("data:image/PNG;name=x.png;base64,{b64}"),
-        &ImageLimits::default(),
+        &default_limits(),
     )
     .unwrap();
     assert_eq!(format, ImageFormat::Png);
@@ -251,7 +253,7 @@ fn media_type_parameters_are_tolerated() {
 fn oversized_base64_is_refused_by_length_before_decoding() {
     let limits = ImageLimits {
         max_bytes: 1000,
-        ..ImageLimits::default()
+        ..default_limits()
     };
     // Not valid base64 at all: a length check that ran after decoding would
     // report the bad character instead.
@@ -264,7 +266,7 @@ fn oversized_base64_is_refused_by_length_before_decoding() {
 fn decoded_bytes_are_bounded_exactly() {
     let limits = ImageLimits {
         max_bytes: 10,
-        ..ImageLimits::default()
+        ..default_limits()
     };
     let b64 = base64::engine::general_purpose::STANDARD;
     assert_eq!(
@@ -295,7 +297,7 @@ fn decoded_bytes_are_bounded_exactly() {
 
 #[test]
 fn declared_type_must_match_the_data() {
-    let limits = ImageLimits::default();
+    let limits = default_limits();
     let png = png_bytes(&gradient(4, 4));
     let msg = invalid_message(parse_and_decode(&data_uri("image/jpeg", &png), &limits));
     assert!(msg.contains("image/jpeg") && msg.contains("PNG"), "{msg}");
@@ -308,7 +310,7 @@ fn declared_type_must_match_the_data() {
 
 #[test]
 fn truncated_and_corrupt_files_are_invalid() {
-    let limits = ImageLimits::default();
+    let limits = default_limits();
     let img = gradient(64, 64);
     let png = png_bytes(&img);
     for cut in [8, 20, 40, png.len() / 2, png.len() - 13] {
@@ -345,7 +347,7 @@ fn truncated_and_corrupt_files_are_invalid() {
 
 #[test]
 fn a_header_claiming_huge_dimensions_is_refused_before_decoding() {
-    let limits = ImageLimits::default();
+    let limits = default_limits();
     let mut png = png_header_claiming(50_000, 50_000);
     // An IDAT of zeros compressed small, as a decompression bomb would carry.
     png.extend(png_chunk(
@@ -364,7 +366,7 @@ fn a_header_claiming_huge_dimensions_is_refused_before_decoding() {
 fn pixel_count_and_zero_sizes_are_checked() {
     let limits = ImageLimits {
         max_pixels: 100,
-        ..ImageLimits::default()
+        ..default_limits()
     };
     let msg = too_large_message(decode(
         ImageFormat::Png,
@@ -387,7 +389,7 @@ fn pixel_count_and_zero_sizes_are_checked() {
     invalid_message(decode(
         ImageFormat::Png,
         Bytes::from(zero),
-        &ImageLimits::default(),
+        &default_limits(),
     ));
 }
 
@@ -407,17 +409,17 @@ fn a_decompression_bomb_hits_the_allocation_limit() {
     assert!(bomb.len() < 100_000, "the bomb is {} bytes", bomb.len());
     let limits = ImageLimits {
         max_alloc_bytes: 4 * 1024 * 1024,
-        ..ImageLimits::default()
+        ..default_limits()
     };
     let msg = too_large_message(parse_and_decode(&data_uri("image/png", &bomb), &limits));
     assert!(msg.contains("memory"), "{msg}");
     // The same data is fine when the operator allows the memory.
-    assert!(decode(ImageFormat::Png, Bytes::from(bomb), &ImageLimits::default()).is_ok());
+    assert!(decode(ImageFormat::Png, Bytes::from(bomb), &default_limits()).is_ok());
 }
 
 #[test]
 fn random_bytes_behind_a_valid_signature_never_panic() {
-    let limits = ImageLimits::default();
+    let limits = default_limits();
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
         state ^= state << 13;
@@ -456,12 +458,4 @@ fn fuzz_regressions_decode_without_panicking() {
     for entry in entries.flatten() {
         exercise_untrusted_input(&std::fs::read(entry.path()).unwrap());
     }
-}
-
-#[test]
-fn limits_round_trip_through_config() {
-    let limits: ImageLimits = serde_json::from_str(r#"{"max_bytes": 1024}"#).unwrap();
-    assert_eq!(limits.max_bytes, 1024);
-    assert_eq!(limits.max_width, ImageLimits::default().max_width);
-    assert!(serde_json::from_str::<ImageLimits>(r#"{"max_byte": 1}"#).is_err());
 }

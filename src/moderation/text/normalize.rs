@@ -29,8 +29,6 @@ pub enum Repeats {
     /// `kil`): the model's other reading of an elongation, whose intended
     /// length is unknown.
     CollapseToOne,
-    /// Runs are kept as written.
-    Keep,
 }
 
 /// Options for [`normalize_with`].
@@ -50,17 +48,6 @@ impl Default for Options {
 /// The canonical form used for matching and as model input.
 pub fn normalize(text: &str) -> String {
     normalize_with(text, Options::default())
-}
-
-/// [`normalize`] without collapsing repeated letters, for callers that want to
-/// know how a word was elongated.
-pub fn normalize_keep_repeats(text: &str) -> String {
-    normalize_with(
-        text,
-        Options {
-            repeats: Repeats::Keep,
-        },
-    )
 }
 
 /// [`normalize`] with elongations cut to one letter.
@@ -89,32 +76,16 @@ pub fn tokens(normalized: &str) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Each token of [`tokens`] with its byte offset in `normalized`.
-pub fn token_spans(normalized: &str) -> impl Iterator<Item = (usize, &str)> {
-    normalized
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|t| !t.is_empty())
-        .map(move |t| (t.as_ptr() as usize - normalized.as_ptr() as usize, t))
-}
+/// Longest token [`for_each_dedouble_variant`] varies; longer ones (glued
+/// spam) are passed through as they are.
+pub const MAX_DEDOUBLE_TOKEN_CHARS: usize = 48;
 
 /// Variants of a token with each doubled letter kept or made single
 /// (`kiill` → `kiill`, `kill`, `kiil`, `kil`), which is how matching "also
 /// tries 1" after [`normalize`] collapsed elongations to two. Only the first
 /// `max_runs` doubled runs vary, bounding the output to `2^max_runs` items.
-/// The token itself always comes first.
-pub fn dedouble_variants(token: &str, max_runs: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut buf = String::new();
-    for_each_dedouble_variant(token, max_runs, &mut buf, |v| out.push(v.to_string()));
-    out
-}
-
-/// Longest token [`for_each_dedouble_variant`] varies; longer ones (glued
-/// spam) are passed through as they are.
-pub const MAX_DEDOUBLE_TOKEN_CHARS: usize = 48;
-
-/// [`dedouble_variants`] without allocating per variant: each variant is
-/// built in `buf` and handed to `f`.
+/// The token itself always comes first. Each variant is built in `buf` and
+/// handed to `f`, without allocating per variant.
 pub fn for_each_dedouble_variant(
     token: &str,
     max_runs: usize,
@@ -411,7 +382,6 @@ impl Rewriter<'_> {
             _ if word == "www" => None,
             Repeats::CollapseToTwo => Some(2),
             Repeats::CollapseToOne => Some(1),
-            Repeats::Keep => None,
         };
         push_collapsed(&mut self.out, &self.scratch, keep);
     }
@@ -718,11 +688,18 @@ mod tests {
         assert_eq!(n("KIIILLLL"), "kiill");
         assert_eq!(n("nooooo"), "noo");
         assert_eq!(n("see all"), "see all");
-        assert_eq!(normalize_keep_repeats("kiiiill"), "kiiiill");
         assert_eq!(n("1000 www"), "1000 www");
         assert_eq!(normalize_single_repeats("kiiiiill"), "kill");
         assert_eq!(normalize_single_repeats("killll"), "kil");
         assert_eq!(normalize_single_repeats("see all"), "see all");
+    }
+
+    fn dedouble_variants(token: &str, max_runs: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for_each_dedouble_variant(token, max_runs, &mut String::new(), |v| {
+            out.push(v.to_string())
+        });
+        out
     }
 
     #[test]
@@ -788,8 +765,6 @@ mod tests {
         let t: Vec<&str> = tokens("you're dead, 12-year-old!").collect();
         assert_eq!(t, ["you", "re", "dead", "12", "year", "old"]);
         assert_eq!(tokens("").count(), 0);
-        let spans: Vec<(usize, &str)> = token_spans("ab  cd").collect();
-        assert_eq!(spans, [(0, "ab"), (4, "cd")]);
     }
 
     #[test]
@@ -800,8 +775,8 @@ mod tests {
         let out = n(&huge);
         assert!(out.len() <= huge.len());
         assert!(out.starts_with("ki lle ki lle "), "{}", &out[..20]);
-        let over = "a".repeat(MAX_INPUT_BYTES + 10);
-        assert_eq!(normalize_keep_repeats(&over).len(), MAX_INPUT_BYTES);
+        let over = "ab".repeat(MAX_INPUT_BYTES / 2 + 10);
+        assert_eq!(n(&over).len(), MAX_INPUT_BYTES);
         // A cut in the middle of a multi-byte character must not panic.
         let multibyte = "é".repeat(MAX_INPUT_BYTES / 2 + 1);
         assert!(n(&multibyte).len() <= MAX_INPUT_BYTES);

@@ -366,10 +366,7 @@ mod tests {
     use candle_core::Tensor;
 
     fn models_dir() -> std::path::PathBuf {
-        std::env::var_os("MODERATO_MODELS_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
-            .join(super::super::MINILM_DIR)
+        crate::config::repository_models_dir().join(super::super::MINILM_DIR)
     }
 
     const SENTENCES: [&str; 5] = [

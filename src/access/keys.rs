@@ -5,16 +5,68 @@
 //! the look-up; the 43-character secret is only ever stored as
 //! HMAC-SHA-256(pepper, id ":" secret) and compared in constant time.
 
+use std::fmt;
 use std::path::Path;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use rand::RngCore;
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::store::{ApiKeyRecord, KeyId};
+use super::plan::{effective_rpm, Tier};
+use crate::config::Plans;
+
+/// The public identifier of an API key (also the first part of the secret).
+/// Lower-case hex, 16 characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KeyId(String);
+
+impl KeyId {
+    pub const LEN: usize = 16;
+
+    /// Validates the form; `None` if it is not 16 lower-case hex digits.
+    pub fn parse(s: &str) -> Option<KeyId> {
+        (s.len() == Self::LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| KeyId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stored API key. The secret itself is never stored: only `secret_hash`,
+/// a keyed hash (HMAC-SHA-256 with the operator's pepper) of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiKeyRecord {
+    pub id: KeyId,
+    pub name: String,
+    pub tier: Tier,
+    /// Requests per minute set on this key; required for enterprise, and
+    /// overrides the plan's limit for any tier when set.
+    pub custom_rpm: Option<u32>,
+    pub secret_hash: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl ApiKeyRecord {
+    /// The requests per minute this key may make: its own limit, else its plan's.
+    pub fn effective_rpm(&self, plans: &Plans) -> u32 {
+        effective_rpm(self.tier, self.custom_rpm, plans)
+    }
+}
 
 pub const PREFIX: &str = "mdr_";
 const SECRET_BYTES: usize = 32;
@@ -153,7 +205,7 @@ pub fn generate(pepper: &Pepper) -> NewKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Tier;
+    use crate::access::Tier;
 
     fn record(new: &NewKey) -> ApiKeyRecord {
         ApiKeyRecord {

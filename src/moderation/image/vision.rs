@@ -22,10 +22,10 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::Semaphore;
 use tokio::time::{timeout_at, Instant};
 
-use self::answer::{AnswerError, Verdict};
+use self::answer::{AnswerError, ProviderVerdict};
 use self::breaker::Breaker;
 use self::flights::{Digest, Flights, Lookup, Outcome};
-use super::image::ImageFormat;
+use super::decode::ImageFormat;
 
 /// Longest provider answer we read: a verdict is a few hundred bytes, and an
 /// untrusted server must not make us buffer without bound.
@@ -46,13 +46,16 @@ const MAX_CACHE_ENTRIES: usize = 1_000_000;
 
 /// Operator configuration of the provider. Absent base URL and model means
 /// "no provider configured": images never leave the machine.
+/// Its defaults are in `config/default.toml`, like every setting's.
 #[derive(Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct VisionSettings {
+    #[serde(default)]
     pub base_url: Option<String>,
+    #[serde(default)]
     pub model: Option<String>,
     /// Secret: never logged, never serialised back out.
-    #[serde(skip_serializing)]
+    #[serde(default, skip_serializing)]
     pub api_key: Option<String>,
     /// Send `response_format: json_schema` (strict). Some servers reject it.
     pub structured_output: bool,
@@ -72,21 +75,30 @@ pub struct VisionSettings {
     pub cache_entries: usize,
 }
 
-impl Default for VisionSettings {
-    fn default() -> Self {
-        VisionSettings {
-            base_url: None,
-            model: None,
-            api_key: None,
-            structured_output: true,
-            timeout_ms: 10_000,
-            max_concurrency: 4,
-            retries: 1,
-            breaker_failures: 5,
-            breaker_cooldown_ms: 30_000,
-            cache_ttl_ms: 600_000,
-            cache_entries: 1024,
+impl VisionSettings {
+    /// Everything the types cannot check; `Config::validate` calls it, so a
+    /// bad setting stops the service at start-up with this message.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.provider().map(drop)
+    }
+
+    /// The provider's endpoint and model, or `None` when none is configured.
+    fn provider(&self) -> anyhow::Result<Option<(reqwest::Url, &str)>> {
+        let (base_url, model) = match (non_empty(&self.base_url), non_empty(&self.model)) {
+            (None, None) => return Ok(None),
+            (Some(base_url), Some(model)) => (base_url, model),
+            _ => bail!(
+                "vision: set both base_url and model to enable the deep image analysis, or neither"
+            ),
+        };
+        validate_limits(self)?;
+        let endpoint = endpoint(base_url)?;
+        if let Some(key) = non_empty(&self.api_key) {
+            if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
+                bail!("vision: api_key contains characters not allowed in an HTTP header");
+            }
         }
+        Ok(Some((endpoint, model)))
     }
 }
 
@@ -247,23 +259,10 @@ impl VisionClient {
     /// model); an error when only one of them is set or a setting is out of
     /// range, so that a half-done configuration is noticed at startup.
     pub fn from_settings(settings: &VisionSettings) -> anyhow::Result<Option<VisionClient>> {
-        let base_url = non_empty(&settings.base_url);
-        let model = non_empty(&settings.model);
-        let (base_url, model) = match (base_url, model) {
-            (None, None) => return Ok(None),
-            (Some(base_url), Some(model)) => (base_url, model),
-            _ => bail!(
-                "vision: set both base_url and model to enable the deep image analysis, or neither"
-            ),
+        let Some((endpoint, model)) = settings.provider()? else {
+            return Ok(None);
         };
-        validate_limits(settings)?;
-        let endpoint = endpoint(base_url)?;
         let api_key = non_empty(&settings.api_key).map(str::to_owned);
-        if let Some(key) = &api_key {
-            if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
-                bail!("vision: api_key contains characters not allowed in an HTTP header");
-            }
-        }
         let timeout = Duration::from_millis(settings.timeout_ms);
         let http = reqwest::Client::builder()
             .timeout(timeout)
@@ -434,7 +433,7 @@ impl Inner {
 
     /// One call to the provider, once a concurrency slot is free and the
     /// breaker allows it.
-    async fn attempt(&self, body: Bytes) -> Result<Verdict, Failure> {
+    async fn attempt(&self, body: Bytes) -> Result<ProviderVerdict, Failure> {
         // The semaphore is never closed, so this cannot fail.
         let _permit = self
             .permits
@@ -450,7 +449,7 @@ impl Inner {
         result
     }
 
-    async fn call(&self, body: Bytes) -> Result<Verdict, Failure> {
+    async fn call(&self, body: Bytes) -> Result<ProviderVerdict, Failure> {
         let mut request = self
             .http
             .post(self.endpoint.clone())
@@ -587,19 +586,21 @@ mod tests {
         VisionSettings {
             base_url: Some("http://127.0.0.1:9/v1/".into()),
             model: Some("m".into()),
-            ..VisionSettings::default()
+            ..crate::config::Config::embedded_defaults().vision
         }
     }
 
     #[test]
     fn no_provider_means_no_client() {
-        assert!(VisionClient::from_settings(&VisionSettings::default())
-            .unwrap()
-            .is_none());
+        assert!(
+            VisionClient::from_settings(&crate::config::Config::embedded_defaults().vision)
+                .unwrap()
+                .is_none()
+        );
         let blank = VisionSettings {
             base_url: Some(" ".into()),
             model: Some("".into()),
-            ..Default::default()
+            ..crate::config::Config::embedded_defaults().vision
         };
         assert!(VisionClient::from_settings(&blank).unwrap().is_none());
     }
@@ -656,18 +657,6 @@ mod tests {
         assert!(shown.contains("[redacted]"));
         let client = VisionClient::from_settings(&settings).unwrap().unwrap();
         assert!(!format!("{client:?}").contains("sk-very-secret"));
-    }
-
-    #[test]
-    fn settings_deserialise_with_defaults_and_never_serialise_the_key() {
-        let settings: VisionSettings = serde_json::from_str(
-            r#"{"base_url": "http://x/v1", "model": "m", "api_key": "k", "retries": 3}"#,
-        )
-        .unwrap();
-        assert_eq!(settings.retries, 3);
-        assert_eq!(settings.timeout_ms, 10_000);
-        assert!(settings.structured_output);
-        assert!(!serde_json::to_string(&settings).unwrap().contains("\"k\""));
     }
 
     #[test]

@@ -31,14 +31,17 @@ pub use heads::{InputKind, LexicalFeatures, LEXICAL_FEATURES};
 use encoder::MiniLm;
 use heads::Heads;
 
-use super::category::{CategoryScores, Thresholds};
-use super::classifier::{EmbeddingCacheStats, TextClassifier};
 use super::lexical::LexicalClassifier;
 use super::normalize;
-use super::{Deadline, DeadlineExceeded};
+use crate::moderation::category::{CategoryScores, Thresholds};
+use crate::moderation::classifier::{EmbeddingCacheStats, TextClassifier};
+use crate::moderation::{Deadline, DeadlineExceeded};
 
 /// The shipped heads, thresholds and window settings.
-pub const SHIPPED_HEADS_JSON: &str = include_str!("../../../assets/text-model/heads.json");
+pub const SHIPPED_HEADS_JSON: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/text-model/heads.json"
+));
 
 #[derive(Debug, thiserror::Error)]
 pub enum TextModelError {

@@ -1,0 +1,11 @@
+//! The text pipeline: one normaliser, the lexical layer (term lists), the
+//! embedding model with its heads, and the null classifier that measures
+//! the service around them.
+
+pub mod lexical;
+pub mod model;
+pub(crate) mod normalize;
+pub(crate) mod null;
+
+/// The one normaliser, for the lexical benchmark and tools.
+pub use normalize::normalize;
