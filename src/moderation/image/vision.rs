@@ -188,6 +188,13 @@ enum Failure {
     },
     #[error("the provider is failing; calls are paused for a while")]
     CircuitOpen,
+    /// Our fault, not the provider's (the analysis task panicked or was
+    /// cancelled at shutdown): never retried, never counted by the breaker.
+    #[error("the deep analysis failed inside the service")]
+    Internal {
+        /// For the log only.
+        detail: String,
+    },
 }
 
 fn excerpt_suffix(excerpt: &str) -> String {
@@ -206,6 +213,7 @@ impl Failure {
             Failure::InvalidResponse(_) => "invalid_response",
             Failure::Connection { .. } => "connection_failed",
             Failure::CircuitOpen => "circuit_open",
+            Failure::Internal { .. } => "internal_error",
         }
     }
 
@@ -214,14 +222,17 @@ impl Failure {
         match self {
             Failure::Timeout(_) | Failure::Connection { .. } => true,
             Failure::Provider { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            Failure::InvalidResponse(_) | Failure::CircuitOpen => false,
+            Failure::InvalidResponse(_) | Failure::CircuitOpen | Failure::Internal { .. } => false,
         }
     }
 
     /// Says the provider is down or refusing us. An answer we cannot use
     /// still shows the provider is up, so it does not trip the breaker.
     fn is_provider_fault(&self) -> bool {
-        !matches!(self, Failure::InvalidResponse(_) | Failure::CircuitOpen)
+        !matches!(
+            self,
+            Failure::InvalidResponse(_) | Failure::CircuitOpen | Failure::Internal { .. }
+        )
     }
 }
 
@@ -338,16 +349,18 @@ impl VisionClient {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {
-                    Err(Failure::Connection {
+                    let failure = Failure::Internal {
                         detail: "the analysis task panicked".into(),
-                    })
+                    };
+                    log_failure(&digest, 0, &failure);
+                    Err(failure)
                 });
             inner.flights.finish(digest, &outcome);
             outcome
         });
         task.map(|joined| {
             joined.unwrap_or_else(|_| {
-                Err(Failure::Connection {
+                Err(Failure::Internal {
                     detail: "the analysis task was cancelled".into(),
                 })
             })
@@ -394,7 +407,7 @@ impl Inner {
         )) {
             Ok(body) => Bytes::from(body),
             Err(e) => {
-                return Err(Failure::Connection {
+                return Err(Failure::Internal {
                     detail: format!("serialising the request: {e}"),
                 })
             }
@@ -531,6 +544,9 @@ fn log_failure(digest: &Digest, attempt: u32, failure: &Failure) {
         }
         Failure::Connection { detail } => {
             tracing::warn!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}: {detail}")
+        }
+        Failure::Internal { detail } => {
+            tracing::error!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}: {detail}")
         }
         _ => {
             tracing::warn!(image = %image, attempt, code = failure.code(), "vision analysis: {failure}")

@@ -107,6 +107,23 @@ impl Breaker {
         publish(*state);
     }
 
+    /// A call that ended without saying anything about the provider (it
+    /// panicked): a trial's place is given back, nothing else changes.
+    fn abandon(&self, trial: bool) {
+        if self.threshold == 0 || !trial {
+            return;
+        }
+        let mut state = self.lock();
+        if *state == State::HalfOpen {
+            *state = State::Open {
+                since: Instant::now()
+                    .checked_sub(self.cooldown)
+                    .unwrap_or_else(Instant::now),
+            };
+            publish(*state);
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state is a plain value, valid even if a holder panicked.
         self.state
@@ -143,7 +160,14 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.settle(false);
+        if std::thread::panicking() {
+            // Our own bug, not the provider's: count nothing, but give a
+            // trial back so that the next call may try again.
+            self.settled = true;
+            self.breaker.abandon(self.trial);
+        } else {
+            self.settle(false);
+        }
     }
 }
 
@@ -164,6 +188,34 @@ mod tests {
             .expect("a success must reset the count")
             .failure();
         assert!(breaker.try_call().is_none());
+    }
+
+    #[test]
+    fn a_call_that_panics_is_not_the_providers_failure() {
+        let breaker = Breaker::new(2, Duration::from_secs(60));
+        breaker.try_call().unwrap().failure();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ticket = breaker.try_call().unwrap();
+            panic!("a bug of ours while the call was under way");
+        }));
+        assert!(panicked.is_err());
+        // One failure still: the panic did not open the circuit.
+        breaker.try_call().expect("still closed").success();
+
+        // A trial that panics gives its place back instead of re-opening
+        // the circuit for another cooldown.
+        let breaker = Breaker::new(1, Duration::from_millis(50));
+        breaker.try_call().unwrap().failure();
+        std::thread::sleep(Duration::from_millis(60));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _trial = breaker.try_call().expect("cooldown over: a trial");
+            panic!("a bug of ours during the trial");
+        }));
+        assert!(panicked.is_err());
+        assert!(
+            breaker.try_call().is_some(),
+            "the next call may try again at once"
+        );
     }
 
     #[test]
