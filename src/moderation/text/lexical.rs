@@ -1254,8 +1254,34 @@ mod tests {
         assert_eq!(parse_line("x\tnan"), Some(("x", DEFAULT_WEIGHT)));
     }
 
+    /// SHA-256 over every term list compiled into `lexical-1`.
+    const LISTS_OF_LEXICAL_1: &str =
+        "be8b67af2baaba110de6df463783fd90a11e7a1d1ee95c43488fdbcad05ccb8f";
+
+    fn term_lists_digest() -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        let lists = CATEGORY_LISTS
+            .iter()
+            .chain(GROUP_DIRECTED_LISTS.iter())
+            .map(|(_, text)| *text)
+            .chain([GROUPS_LIST, MINORS_LIST, ALLOW_LIST, NOT_ELONGATED_LIST]);
+        for list in lists {
+            hasher.update((list.len() as u64).to_le_bytes());
+            hasher.update(list.as_bytes());
+        }
+        hex::encode(hasher.finalize())
+    }
+
+    /// Responses name the lexicon by `model_id`, so clients that cache
+    /// verdicts by model see a change of the lists only if the id changes.
     #[test]
-    fn model_id_is_stable() {
-        assert_eq!(lc().model_id(), "lexical-1");
+    fn the_model_id_changes_with_the_term_lists() {
+        assert_eq!(
+            (lc().model_id().as_str(), term_lists_digest().as_str()),
+            ("lexical-1", LISTS_OF_LEXICAL_1),
+            "the term lists changed: name the new lexicon lexical-2 in model_id \
+             (and assets/lexicon/README.md) and record its digest here"
+        );
     }
 }
