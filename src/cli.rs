@@ -8,8 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Account, Email, Password, Plan, Role};
-use crate::access::{ApiKeyRecord, KeyId, Tier};
+use crate::access::{Account, ApiKeyRecord, Email, KeyId, Password, Plan, Role, Tier};
 use crate::config::Config;
 use crate::store::{Period, Store};
 

@@ -19,8 +19,7 @@ use super::pages::{
 };
 use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin, CsrfForm};
 use super::usage::{daily_usage, usage_view};
-use crate::access::Tier;
-use crate::access::{Account, AccountId, Email, Password, Plan, Role};
+use crate::access::{Account, AccountId, Email, Password, Plan, Role, Tier};
 use crate::http::AppState;
 use crate::store::{AccountListing, StoreError};
 

@@ -225,21 +225,22 @@ fn login_form(
     response
 }
 
+/// The sign-in and the sign-up form: the same three fields.
 #[derive(Deserialize)]
-pub struct LoginForm {
+pub struct CredentialsForm {
     #[serde(default)]
-    email: String,
+    pub(super) email: String,
     #[serde(default)]
-    password: String,
+    pub(super) password: String,
     #[serde(default)]
-    csrf_token: String,
+    pub(super) csrf_token: String,
 }
 
 pub async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    Form(form): Form<LoginForm>,
+    Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
     check_form_token(&headers, &form.csrf_token)?;
     let address = client_address(peer.ip(), &headers, &state.trusted_proxies).to_string();

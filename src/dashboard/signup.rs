@@ -23,14 +23,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use chrono::Utc;
-use serde::Deserialize;
 
 use super::admin::insert_new_account;
 use super::error::DashError;
 use super::pages::{render, SignupPage};
-use super::session::{check_form_token, new_form_token, retry_after};
-use crate::access::Tier;
-use crate::access::{Email, Password, Plan, Role};
+use super::session::{check_form_token, new_form_token, retry_after, CredentialsForm};
+
+use crate::access::{Email, Password, Plan, Role, Tier};
 use crate::config::Signup;
 use crate::http::auth::client_address;
 use crate::http::AppState;
@@ -67,16 +66,6 @@ pub async fn signup_page(State(state): State<AppState>) -> Result<Response, Dash
     Ok(signup_form(&state, StatusCode::OK, String::new(), None))
 }
 
-#[derive(Deserialize)]
-pub struct SignupForm {
-    #[serde(default)]
-    email: String,
-    #[serde(default)]
-    password: String,
-    #[serde(default)]
-    csrf_token: String,
-}
-
 /// What sign-ups are counted by: the client's IPv4 address, or the /64 of
 /// its IPv6 address (one host usually holds a whole /64).
 fn sign_up_key(address: IpAddr) -> String {
@@ -98,7 +87,7 @@ pub async fn signup(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    Form(form): Form<SignupForm>,
+    Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
     signup_open(&state)?;
     check_form_token(&headers, &form.csrf_token)?;

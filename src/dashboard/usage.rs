@@ -13,8 +13,7 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::pages::{render, KeyChoice, UsageDay, UsagePage, UsageView};
 use super::session::SignedIn;
-use crate::access::AccountId;
-use crate::access::KeyId;
+use crate::access::{AccountId, KeyId};
 use crate::http::AppState;
 use crate::store::Period;
 

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
-use moderato::access::{Account, AccountId, Email, PasswordHash, Plan, Role};
-use moderato::access::{ApiKeyRecord, Endpoint, KeyId, Tier, UsageEvent};
+use moderato::access::{
+    Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, Role, Tier,
+    UsageEvent,
+};
 use moderato::store::{
     self, BillingRow, NewAccountKey, NewSession, Period, PostgresStore, SignInFailures,
     SqliteStore, Store, StoreError,
