@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -396,6 +397,18 @@ impl Config {
         let config: Config = figment.extract().map_err(Box::new)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// What the engine needs of `[budget]`.
+    pub fn engine_budget(&self) -> crate::moderation::engine::EngineBudget {
+        let b = &self.budget;
+        crate::moderation::engine::EngineBudget {
+            max_request_pixels: b.max_request_pixels,
+            decode_memory_bytes: b.decode_memory_bytes,
+            decode_wait: Duration::from_millis(b.decode_wait_ms),
+            deadline: Duration::from_millis(b.request_deadline_ms),
+            light_job_chars: b.light_job_chars,
+        }
     }
 
     /// Settings that are still accepted but no longer do anything, with what

@@ -201,7 +201,7 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         image_thresholds,
         image_limits: config.limits.image.clone(),
         vision,
-        budget: engine_budget(&config.budget),
+        budget: config.engine_budget(),
     }))
 }
 
@@ -219,16 +219,6 @@ fn choose_cpu_kernel(kernel: config::CpuKernel) {
         kernel = int8_matmul::kernel_name(),
         "text encoder CPU kernel"
     );
-}
-
-fn engine_budget(budget: &config::BudgetConfig) -> moderation::engine::EngineBudget {
-    moderation::engine::EngineBudget {
-        max_request_pixels: budget.max_request_pixels,
-        decode_memory_bytes: budget.decode_memory_bytes,
-        decode_wait: Duration::from_millis(budget.decode_wait_ms),
-        deadline: Duration::from_millis(budget.request_deadline_ms),
-        light_job_chars: budget.light_job_chars,
-    }
 }
 
 type TextCache = Mutex<HashMap<(String, PathBuf), Arc<dyn TextClassifier>>>;

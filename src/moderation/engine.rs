@@ -134,18 +134,6 @@ pub struct EngineBudget {
     pub light_job_chars: usize,
 }
 
-impl Default for EngineBudget {
-    fn default() -> Self {
-        EngineBudget {
-            max_request_pixels: 100_000_000,
-            decode_memory_bytes: 512 << 20,
-            decode_wait: Duration::from_secs(2),
-            deadline: Duration::from_secs(20),
-            light_job_chars: 4_000,
-        }
-    }
-}
-
 /// Which CPU lane a job runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lane {
@@ -625,7 +613,7 @@ mod tests {
         let (classifier, gate) = classifier(false, Duration::ZERO);
         let budget = EngineBudget {
             light_job_chars: 100,
-            ..EngineBudget::default()
+            ..crate::config::Config::embedded_defaults().engine_budget()
         };
         let engine = Arc::new(test_engine(classifier, budget));
         // More heavy requests than there are CPU slots in all.
@@ -664,7 +652,7 @@ mod tests {
         let calls = classifier.calls.clone();
         let budget = EngineBudget {
             deadline: Duration::from_millis(200),
-            ..EngineBudget::default()
+            ..crate::config::Config::embedded_defaults().engine_budget()
         };
         let engine = test_engine(classifier, budget);
         // 64 items of about 2,000 bytes: 66 mini-batches of 20 ms each.

@@ -423,7 +423,7 @@ fn allow_list_entries_are_host_names() {
 async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
     let host = FakeHost::start(routes).await;
     let remote = loopback_fetcher();
-    let engine = engine(EngineBudget::default());
+    let engine = engine(crate::config::Config::embedded_defaults().engine_budget());
     let item = |path: &str| remote_item(&remote, &host.url(path));
 
     let moderation = engine
@@ -512,7 +512,7 @@ async fn a_fetch_stops_at_the_request_deadline() {
     let remote = RemoteImages::Enabled(fetcher);
     let engine = engine(EngineBudget {
         deadline: Duration::from_millis(300),
-        ..EngineBudget::default()
+        ..crate::config::Config::embedded_defaults().engine_budget()
     });
     let started = Instant::now();
     let result = engine
