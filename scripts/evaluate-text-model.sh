@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures the shipped heads on every set in /work/shared/datasets/{eval,restricted}
+# Measures the shipped heads on every set in ../shared/datasets/{eval,restricted} (beside the repository)
 # and on the held-out split, next to alt-profanity-check; writes eval/REPORT.md
 # and eval/pr_*.png. Needs the prepared data of scripts/train-text-model.sh
 # (it runs the preparation step itself when missing).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces assets/text-model/heads.json from /work/shared/datasets/train and
+# Reproduces assets/text-model/heads.json from ../shared/datasets/train (beside the repository) and
 # train/data: fetches the encoder, builds the `embed` example (the same Rust
 # code that serves), prepares the data, trains, calibrates and picks
 # thresholds. Scratch files go to train/out/ (git-ignored).

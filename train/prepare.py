@@ -1,4 +1,4 @@
-"""Builds the training table from /work/shared/datasets/train and train/data.
+"""Builds the training table from ../shared/datasets/train (beside the repository) and train/data.
 
 Output: train/out/dataset.jsonl, one row per text with
   text, source, split (train/calib/test) and labels: head -> 1, 0 or null
