@@ -9,6 +9,7 @@
 //! revocation, plans) applies to them unchanged.
 
 mod admin;
+mod attempts;
 mod error;
 mod housekeeping;
 mod keys;
@@ -17,6 +18,7 @@ mod session;
 mod signup;
 mod usage;
 
+pub use attempts::AttemptLocks;
 pub use housekeeping::spawn_pruning;
 
 use axum::extract::Request;

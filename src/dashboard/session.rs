@@ -247,6 +247,17 @@ pub async fn login(
     // Failures are keyed by the address as typed (lower-cased), so that
     // unknown addresses are locked out like known ones.
     let email_key = form.email.trim().to_lowercase();
+    // One attempt at a time per account, then per address (always in this
+    // order, so two attempts never wait for each other crosswise): the
+    // failure count read below includes every earlier attempt's.
+    let _account_turn = state
+        .sign_in_attempts
+        .lock(format!("account:{email_key}"))
+        .await;
+    let _address_turn = state
+        .sign_in_attempts
+        .lock(format!("address:{address}"))
+        .await;
     let now = Utc::now();
     let window = chrono::Duration::from_std(FAILURE_WINDOW).expect("15 minutes");
     let account = match Email::parse(&form.email) {

@@ -68,6 +68,8 @@ pub struct Shared {
     pub body_read_timeout: Duration,
     pub signer: Arc<ResponseSigner>,
     pub dashboard: DashboardConfig,
+    /// Dashboard sign-ins of one account or address, one at a time.
+    pub sign_in_attempts: crate::dashboard::AttemptLocks,
 }
 
 #[derive(Clone)]

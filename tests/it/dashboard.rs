@@ -290,6 +290,51 @@ async fn ten_failures_from_one_address_lock_that_address_only(backend: Backend) 
         .assert_see_other("/dashboard/keys");
 }
 
+/// Thirty guesses sent together, for one account from thirty addresses and
+/// for thirty accounts from one address: at most ten of each get their
+/// password checked (401); the rest are refused before (429). Without the
+/// attempts taking turns, all thirty read "no failures yet" and are checked.
+async fn guesses_sent_together_still_stop_at_ten(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    let statuses = |pages: Vec<Page>| {
+        let checked = pages.iter().filter(|p| p.status == 401).count();
+        let refused = pages.iter().filter(|p| p.status == 429).count();
+        assert_eq!(checked + refused, pages.len(), "only 401 and 429 expected");
+        (checked, refused)
+    };
+
+    let one_account = futures::future::join_all((0..30).map(|i| {
+        let mut session = Session::from_address(&app, &format!("203.0.113.{}", 100 + i));
+        async move {
+            session
+                .sign_in("alice@example.com", "wrong password here")
+                .await
+        }
+    }))
+    .await;
+    assert_eq!(
+        statuses(one_account),
+        (10, 20),
+        "one account, many addresses"
+    );
+
+    let one_address = futures::future::join_all((0..30).map(|i| {
+        let mut session = Session::from_address(&app, "198.51.100.77");
+        async move {
+            session
+                .sign_in(&format!("guess{i}@example.com"), "wrong password here")
+                .await
+        }
+    }))
+    .await;
+    assert_eq!(
+        statuses(one_address),
+        (10, 20),
+        "many accounts, one address"
+    );
+}
+
 /// Ten wrong passwords for `email`, each from its own fresh client and
 /// address (a distributed guess); the next fresh client is locked out.
 async fn lock_account_from_many_addresses(app: &TestApp, email: &str) {
@@ -1718,6 +1763,7 @@ async fn cli_creates_and_lists_accounts(backend: Backend) {
 }
 
 on_both_backends!(
+    guesses_sent_together_still_stop_at_ten,
     login_form_and_strict_session_cookie,
     cookie_is_not_secure_when_configured_for_plain_http,
     session_id_is_rotated_at_sign_in,
