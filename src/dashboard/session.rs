@@ -37,6 +37,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::attempts::client_key;
 use super::error::DashError;
 use super::pages::{render, LoginPage, Nav};
 use crate::access::{Account, Email, Password, Role};
@@ -243,7 +244,7 @@ pub async fn login(
     Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
     check_form_token(&headers, &form.csrf_token)?;
-    let address = client_address(peer.ip(), &headers, &state.trusted_proxies).to_string();
+    let address = client_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
     // Failures are keyed by the address as typed (lower-cased), so that
     // unknown addresses are locked out like known ones.
     let email_key = form.email.trim().to_lowercase();

@@ -15,7 +15,7 @@
 //! differ (5 an hour against 10 failures in 15 minutes). The counting is
 //! the same (a sliding window, `Retry-After` from the oldest attempt).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::header::{RETRY_AFTER, SET_COOKIE};
@@ -25,6 +25,7 @@ use axum::Form;
 use chrono::Utc;
 
 use super::admin::insert_new_account;
+use super::attempts::client_key;
 use super::error::DashError;
 use super::pages::{render, SignupPage};
 use super::session::{check_form_token, new_form_token, retry_after, CredentialsForm};
@@ -66,21 +67,6 @@ pub async fn signup_page(State(state): State<AppState>) -> Result<Response, Dash
     Ok(signup_form(&state, StatusCode::OK, String::new(), None))
 }
 
-/// What sign-ups are counted by: the client's IPv4 address, or the /64 of
-/// its IPv6 address (one host usually holds a whole /64).
-fn sign_up_key(address: IpAddr) -> String {
-    match address {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => {
-                let s = v6.segments();
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-            }
-        },
-    }
-}
-
 /// Creates a customer account on the free plan, then sends to sign-in. A
 /// taken address gets exactly that answer too, and nothing changes for it.
 pub async fn signup(
@@ -91,7 +77,7 @@ pub async fn signup(
 ) -> Result<Response, DashError> {
     signup_open(&state)?;
     check_form_token(&headers, &form.csrf_token)?;
-    let address = sign_up_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
+    let address = client_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
     let now = Utc::now();
     let window = chrono::Duration::from_std(SIGN_UP_WINDOW).expect("one hour");
     let earlier = state.store.sign_ups(&address, now - window).await?;
@@ -135,22 +121,4 @@ pub async fn signup(
         Err(_taken) => tracing::info!("sign-up for a taken e-mail address: nothing changed"),
     }
     Ok(Redirect::to("/dashboard/login").into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ipv6_clients_are_counted_by_their_64() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
-        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(sign_up_key(a), sign_up_key(b));
-        assert_ne!(sign_up_key(a), sign_up_key(other));
-        let v4: IpAddr = "203.0.113.7".parse().unwrap();
-        assert_eq!(sign_up_key(v4), "203.0.113.7");
-        let mapped: IpAddr = "::ffff:203.0.113.7".parse().unwrap();
-        assert_eq!(sign_up_key(mapped), "203.0.113.7");
-    }
 }

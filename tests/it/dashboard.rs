@@ -290,6 +290,27 @@ async fn ten_failures_from_one_address_lock_that_address_only(backend: Backend) 
         .assert_see_other("/dashboard/keys");
 }
 
+/// An IPv6 host holds a whole /64: guesses from ten of its addresses lock
+/// the /64, while a neighbouring /64 still signs in.
+async fn ipv6_guesses_are_counted_per_64(backend: Backend) {
+    let app = app_behind_proxy(backend).await;
+    customer(&app, "alice@example.com");
+    for i in 0..10 {
+        let page = Session::from_address(&app, &format!("2001:db8:1:2::{:x}", 0x10 + i))
+            .sign_in(&format!("guess{i}@example.com"), "wrong password here")
+            .await;
+        assert_ne!(page.status, 429, "locked out after only {i} failures");
+    }
+    let same_64 = Session::from_address(&app, "2001:db8:1:2:ffff::1")
+        .sign_in("alice@example.com", PASSWORD)
+        .await;
+    assert_locked_out(&same_64);
+    Session::from_address(&app, "2001:db8:1:3::1")
+        .sign_in("alice@example.com", PASSWORD)
+        .await
+        .assert_see_other("/dashboard/keys");
+}
+
 /// Thirty guesses sent together, for one account from thirty addresses and
 /// for thirty accounts from one address: at most ten of each get their
 /// password checked (401); the rest are refused before (429). Without the
@@ -1764,6 +1785,7 @@ async fn cli_creates_and_lists_accounts(backend: Backend) {
 
 on_both_backends!(
     guesses_sent_together_still_stop_at_ten,
+    ipv6_guesses_are_counted_per_64,
     login_form_and_strict_session_cookie,
     cookie_is_not_secure_when_configured_for_plain_http,
     session_id_is_rotated_at_sign_in,
