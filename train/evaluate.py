@@ -98,7 +98,9 @@ def main():
     # previous version's, for the "before" figures).
     heads = json.loads(Path(os.environ.get("MODERATO_HEADS_FILE", HEADS_PATH)).read_text())
     thr = heads["thresholds"]
-    cfg = {k: heads[k] for k in ("version", "input", "window", "heads", "thresholds", "parents")}
+    # Every key, so that an option added to heads.json reaches the embedder
+    # here as it reaches the server.
+    cfg = dict(heads)
     # The de-obfuscated second view ("both") only adds windows for texts that
     # normalising changes beyond case; measured here on the raw view.
     if cfg["input"] == "both":
