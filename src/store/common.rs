@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 
 use std::str::FromStr;
 
-use super::{Endpoint, KeyId, StoreError, Tier, UsageEvent};
-use crate::access::{AccountId, Email, Plan};
+use super::StoreError;
+use crate::access::{AccountId, Email, Endpoint, KeyId, Plan, Tier, UsageEvent};
 
 /// How long a caller waits for a pooled connection (or for the database to
 /// answer when connecting) before getting `StoreError::Unavailable`.

@@ -6,7 +6,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::access::{
-    Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
 };
 
 mod common;

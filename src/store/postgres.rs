@@ -12,10 +12,12 @@ use super::common::{
     parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
 };
 use super::{
-    AccountKey, AccountListing, ApiKeyRecord, Attempts, BillingRow, KeyId, NewAccountKey,
-    NewSession, Period, Session, SignInFailures, Store, StoreError, Tier, UsageEvent,
+    AccountKey, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession, Period, Session,
+    SignInFailures, Store, StoreError,
 };
-use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
+use crate::access::{
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+};
 
 /// Connections per process: the server's handlers plus the usage writer.
 const MAX_CONNECTIONS: u32 = 16;

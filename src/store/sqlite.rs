@@ -20,10 +20,12 @@ use super::common::{
     parse_email, parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
 };
 use super::{
-    AccountKey, AccountListing, ApiKeyRecord, Attempts, BillingRow, KeyId, NewAccountKey,
-    NewSession, Period, Session, SignInFailures, Store, StoreError, Tier, UsageEvent,
+    AccountKey, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession, Period, Session,
+    SignInFailures, Store, StoreError,
 };
-use crate::access::{Account, AccountId, Email, PasswordHash, Plan};
+use crate::access::{
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+};
 
 /// Readers run in parallel under WAL; writers queue on the file lock.
 const MAX_CONNECTIONS: u32 = 8;
