@@ -63,6 +63,19 @@ impl Category {
     pub const fn index(self) -> usize {
         self as usize
     }
+
+    /// The category this one is a kind of (`violence` for
+    /// `violence/graphic`), as in OpenAI's taxonomy.
+    pub const fn parent(self) -> Option<Category> {
+        match self {
+            Category::HarassmentThreatening => Some(Category::Harassment),
+            Category::HateThreatening => Some(Category::Hate),
+            Category::SelfHarmIntent | Category::SelfHarmInstructions => Some(Category::SelfHarm),
+            Category::SexualMinors => Some(Category::Sexual),
+            Category::ViolenceGraphic => Some(Category::Violence),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Category {
@@ -105,7 +118,8 @@ impl CategoryScores {
 }
 
 /// Per-category decision thresholds: a category is flagged when its score is
-/// greater than or equal to its threshold.
+/// greater than or equal to its threshold, or when one of its kinds is
+/// flagged.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Thresholds(pub [f32; NUM_CATEGORIES]);
 
@@ -122,11 +136,19 @@ impl Thresholds {
         self.0[category.index()] = t;
     }
 
-    /// Which categories `scores` reaches.
+    /// Which categories `scores` reaches. A flagged kind flags its parent
+    /// too: `violence/graphic` without `violence` would tell a client that
+    /// graphic violence is not violence. (Scores already hold a parent at
+    /// least as high as its kinds; the thresholds differ per category.)
     pub fn decide(&self, scores: &CategoryScores) -> [bool; NUM_CATEGORIES] {
         let mut out = [false; NUM_CATEGORIES];
         for c in Category::ALL {
             out[c.index()] = scores.get(c) >= self.get(c);
+        }
+        for c in Category::ALL {
+            if let (true, Some(parent)) = (out[c.index()], c.parent()) {
+                out[parent.index()] = true;
+            }
         }
         out
     }
@@ -147,6 +169,27 @@ mod tests {
             Some(Category::ViolenceGraphic)
         );
         assert_eq!(Category::parse("Violence"), None);
+    }
+
+    #[test]
+    fn a_flagged_kind_flags_its_parent_and_nothing_else() {
+        let mut t = Thresholds::uniform(0.5);
+        t.set(Category::Violence, 0.8);
+        let mut s = CategoryScores::default();
+        s.set(Category::ViolenceGraphic, 0.6);
+        s.set(Category::Violence, 0.6);
+        s.set(Category::Harassment, 0.4);
+        let decided = t.decide(&s);
+        let flagged: Vec<Category> = Category::ALL
+            .into_iter()
+            .filter(|c| decided[c.index()])
+            .collect();
+        assert_eq!(flagged, [Category::Violence, Category::ViolenceGraphic]);
+        // A parent alone does not flag its kinds.
+        s.set(Category::ViolenceGraphic, 0.1);
+        s.set(Category::Violence, 0.9);
+        assert!(!t.decide(&s)[Category::ViolenceGraphic.index()]);
+        assert!(t.decide(&s)[Category::Violence.index()]);
     }
 
     #[test]
