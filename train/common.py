@@ -80,20 +80,18 @@ def lexical_features(texts) -> np.ndarray:
         return np.fromfile(out, dtype="<f4").reshape(-1, LEX_DIM)
 
 
-def heads_template(input_kind: str, tokens: int, stride: int) -> dict:
+def heads_template(input_kind: str, window: dict) -> dict:
     """A heads file with untrained weights, used only to tell `embed` the input form and windows."""
     return {
         "version": "template",
         "input": input_kind,
-        "window": {"tokens": tokens, "stride": stride},
+        "window": dict(window),
         "heads": {h: {"w": [0.0] * DIM, "lex": [0.0] * LEX_DIM, "b": 0.0} for h in HEADS},
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
     }
 
 
-# Stores made before a change of the embedding views, still valid for short texts.
-REUSE_SHORT = {"eval2": "eval"}
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
 
 
@@ -154,14 +152,6 @@ def embed_texts(texts, config: dict, label: str = "", namespace: str = "train"):
     each row. Embeddings are stored per text (keyed by input form and windows)
     under train/out/cache, so only texts never seen are embedded."""
     store = load_store(config, namespace)
-    if namespace in REUSE_SHORT:
-        # Texts of at most 64 characters have at most 64 tokens, so the
-        # sentence view added since REUSE_SHORT[namespace] cannot apply.
-        older = load_store(config, REUSE_SHORT[namespace])
-        for t in texts:
-            k = _text_key(t)
-            if k not in store and len(t) <= 64 and k in older:
-                store[k] = older[k]
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     for start in range(0, len(missing), PIECE):
         piece = missing[start:start + PIECE]
@@ -206,6 +196,17 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None):
     out = np.zeros((n, len(names)), dtype=np.float32)
     np.maximum.at(out, idx, p)
     return compose(out, heads.get("parents", []))
+
+
+def decide(S, thresholds, parents=PARENTS):
+    """Flags per text and category as the server decides them (Rust
+    Thresholds::decide): a score at or over its threshold, or a flagged
+    kind of the category (violence/graphic flags violence)."""
+    flags = S >= thresholds
+    for child, parent in list(parents) + [("sexual/minors", "sexual")]:
+        ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
+        flags[:, pi] |= flags[:, ci]
+    return flags
 
 
 def compose(out, parents=PARENTS):
