@@ -26,8 +26,10 @@ import eval_sets
 INPUT = "raw"  # the form the heads are trained on
 # Served: raw, plus the de-obfuscated form when it differs (see moderation::text::model::model_inputs).
 SHIPPED_INPUT = "both"
-# Chunks: sentences packed up to 64 tokens, longer sentences in windows 48 apart (Rust MiniLm::chunks).
-WINDOW_TOKENS, WINDOW_STRIDE = 64, 48
+# Chunks (Rust MiniLm::chunks): a text of up to 128 tokens is one chunk; a longer one is cut into
+# sentences (short ones joined), a sentence over 128 tokens into windows 96 apart. MODERATO_WINDOW
+# (JSON, e.g. '{"tokens": 64, "stride": 48}') overrides it for experiments.
+WINDOW = json.loads(os.environ.get("MODERATO_WINDOW", '{"tokens": 128, "stride": 96}'))
 TARGET_PRECISION = 0.8
 FLOOR, CEILING = 0.5, 0.97  # never flag below even odds: calibration splits are small
 TARGET_ANY_FPR = 0.05  # any-category false alarms on the written hard negatives (out of fold)
@@ -35,19 +37,60 @@ FPR_BUDGETS = np.geomspace(0.002, 0.05, 24)  # per-category budgets tried, large
 EMBED_DUP_COSINE = 0.95  # written rows closer than this to an earlier one are near-copies
 NEAR_DUP_COSINE = 0.9
 C_GRID = (0.5, 2.0, 8.0)
+# What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
+TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 5  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 6  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
-    return heads_template(INPUT, WINDOW_TOKENS, WINDOW_STRIDE)
+    return heads_template(INPUT, WINDOW)
+
+
+class Chunks:
+    """The served view of texts: one row per chunk (its embedding, then its
+    text's lexical features), rows of a text next to each other. A text's
+    served logit is its strongest chunk's (Rust EmbeddingClassifier)."""
+
+    def __init__(self, vecs, idx, lex):
+        order = np.argsort(idx, kind="stable")
+        self.F = np.hstack([vecs[order], lex[idx[order]]]).astype(np.float32)
+        self.idx = idx[order]
+        self.n = len(lex)
+        self.counts = np.bincount(self.idx, minlength=self.n)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+
+    def of(self, texts):
+        """The chunk rows of `texts` (indices), and which of them each row belongs to."""
+        texts = np.asarray(texts)
+        rows = np.concatenate([np.arange(self.starts[t], self.starts[t] + self.counts[t]) for t in texts])
+        owner = np.repeat(np.arange(len(texts)), self.counts[texts])
+        return rows, owner
+
+    def served_logits(self, texts, w, b):
+        """Per text of `texts`, the strongest chunk's logit."""
+        rows, owner = self.of(texts)
+        z = self.F[rows] @ w + b
+        out = np.full(len(texts), -np.inf)
+        np.maximum.at(out, owner, z)
+        return out
+
+    def keep(self, mask):
+        kept = np.where(mask)[0]
+        rows, owner = self.of(kept)
+        new = Chunks.__new__(Chunks)
+        new.F, new.idx, new.n = self.F[rows], owner, len(kept)
+        new.counts = np.bincount(owner, minlength=len(kept))
+        new.starts = np.concatenate([[0], np.cumsum(new.counts)[:-1]])
+        return new
 
 
 def load_rows():
-    """Rows, the per-text features (mean window embedding, then the lexical
-    features), and the lexical features alone. MODERATO_NO_LEXICAL=1 zeroes
-    the lexical features (heads on the embedding alone, for comparison)."""
+    """Rows, the per-text features (mean chunk embedding, then the lexical
+    features), the lexical features alone, and the chunks as served.
+    MODERATO_NO_LEXICAL=1 zeroes the lexical features (heads on the
+    embedding alone, for comparison)."""
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl", encoding="utf-8")]
     texts = [r["text"] for r in rows]
     vecs, idx = embed_texts(texts, config(), "train")
@@ -55,7 +98,29 @@ def load_rows():
     if os.environ.get("MODERATO_NO_LEXICAL") == "1":
         lex = np.zeros_like(lex)
     X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
-    return rows, X, lex
+    return rows, X, lex, Chunks(vecs, idx, lex)
+
+
+def design(X, chunks, texts, y):
+    """What a head is fitted on, for `texts` (indices) labelled `y`: a
+    harmful text as its mean chunk (which of its chunks says it is
+    unknown), a harmless one as every one of its chunks, since serving
+    takes the strongest chunk and each must stay low. Weights balance the
+    classes and give every text the same total (a long harmless text's
+    chunks share one text's weight). TRAIN_ON = "mean": the mean row of
+    every text, as before (for comparison)."""
+    texts, y = np.asarray(texts), np.asarray(y).astype(int)
+    pos, neg = texts[y == 1], texts[y == 0]
+    if TRAIN_ON == "mean":
+        F, yy = X[texts], y
+        wt = np.where(y == 1, 0.5 / max(len(pos), 1), 0.5 / max(len(neg), 1))
+    else:
+        rows, owner = chunks.of(neg) if len(neg) else (np.zeros(0, int), np.zeros(0, int))
+        F = np.vstack([X[pos], chunks.F[rows]])
+        yy = np.concatenate([np.ones(len(pos), int), np.zeros(len(rows), int)])
+        wt = np.concatenate([np.full(len(pos), 0.5 / max(len(pos), 1)),
+                             0.5 / max(len(neg), 1) / chunks.counts[neg][owner]])
+    return F, yy, wt * len(texts)
 
 
 def drop_near_duplicates(rows):
@@ -97,12 +162,15 @@ def drop_embedding_near_copies(rows, X):
     return keep
 
 
-def fit_head(Xtr, ytr, Xcal, ycal):
+def fit_head(X, chunks, tr, ytr, cal, ycal):
+    """A head fitted on the `tr` texts, C picked and Platt scaling fitted on
+    the served scores (strongest chunk) of the `cal` texts."""
+    F, yy, wt = design(X, chunks, tr, ytr)
     best = None
     for C in C_GRID:
-        lr = LogisticRegression(C=C, class_weight="balanced", max_iter=3000)
-        lr.fit(Xtr, ytr)
-        z = Xcal @ lr.coef_[0] + lr.intercept_[0]
+        lr = LogisticRegression(C=C, max_iter=3000)
+        lr.fit(F, yy, sample_weight=wt)
+        z = chunks.served_logits(cal, lr.coef_[0], lr.intercept_[0])
         ap = average_precision_score(ycal, z) if ycal.sum() > 0 else 0.0
         if best is None or ap > best[0]:
             best = (ap, C, lr.coef_[0].copy(), float(lr.intercept_[0]), z)
@@ -113,11 +181,11 @@ def fit_head(Xtr, ytr, Xcal, ycal):
     return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap, (a, c)
 
 
-def out_of_fold(X, y, C, platt, rng):
-    """Calibrated probabilities for the rows of X, each from a head (same C,
-    the final Platt mapping) fitted on the other folds' rows with a label
+def out_of_fold(X, chunks, texts, y, C, platt, rng):
+    """Calibrated served probabilities of `texts`, each from a head (same C,
+    the final Platt mapping) fitted on the other folds' texts with a label
     (y is NaN where unknown): scores as unseen as the calibration split's,
-    on five times as many rows."""
+    on five times as many texts."""
     a, c = platt
     folds = rng.permutation(len(y)) % K_FOLDS
     known = ~np.isnan(y)
@@ -125,18 +193,19 @@ def out_of_fold(X, y, C, platt, rng):
     for k in range(K_FOLDS):
         test = folds == k
         fit = known & ~test
-        lr = LogisticRegression(C=C, class_weight="balanced", max_iter=3000).fit(X[fit], y[fit].astype(int))
-        z = X[test] @ lr.coef_[0] + lr.intercept_[0]
+        F, yy, wt = design(X, chunks, texts[fit], y[fit])
+        lr = LogisticRegression(C=C, max_iter=3000).fit(F, yy, sample_weight=wt)
+        z = chunks.served_logits(texts[test], lr.coef_[0], lr.intercept_[0])
         out[test] = 1.0 / (1.0 + np.exp(-(a * z + c)))
     return out
 
 
-def unseen_probabilities(spec, C, platt, X, y, is_train, rng):
-    """Head probabilities of rows it was not fitted on: the shipped head for
-    calibration rows, out-of-fold heads for training rows."""
+def unseen_probabilities(spec, C, platt, X, chunks, texts, y, is_train, rng):
+    """Served probabilities of texts the head was not fitted on: the shipped
+    head for calibration texts, out-of-fold heads for training texts."""
     w = np.concatenate([spec["w"], spec["lex"]])
-    p = 1.0 / (1.0 + np.exp(-(X @ w + spec["b"])))
-    p[is_train] = out_of_fold(X[is_train], y[is_train], C, platt, rng)
+    p = 1.0 / (1.0 + np.exp(-chunks.served_logits(texts, w, spec["b"])))
+    p[is_train] = out_of_fold(X, chunks, texts[is_train], y[is_train], C, platt, rng)
     return p
 
 
@@ -197,14 +266,14 @@ def pick_thresholds(P, labels, harmless, hard_negative):
 
 
 def main():
-    rows, X, lex = load_rows()
+    rows, X, lex, chunks = load_rows()
     keep = drop_near_duplicates(rows)
     print(f"train: dropped {int((~keep).sum())} near-duplicates of evaluation texts", file=sys.stderr)
     copies = drop_embedding_near_copies(rows, X)
     print(f"train: dropped {int((keep & ~copies).sum())} hand-written near-copies (embedding cosine >= {EMBED_DUP_COSINE})", file=sys.stderr)
     keep &= copies
     rows = [r for r, k in zip(rows, keep) if k]
-    X, lex = X[keep], lex[keep]
+    X, lex, chunks = X[keep], lex[keep], chunks.keep(keep)
     split = np.array([r["split"] for r in rows])
 
     # Rows whose scores choose the thresholds: calibration rows scored by the
@@ -218,16 +287,17 @@ def main():
         lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
         known = ~np.isnan(lab)
         tr, cal = known & (split == "train"), known & (split == "calib")
-        spec, C, ap, platt = fit_head(X[tr], lab[tr].astype(int), X[cal], lab[cal].astype(int))
+        tr_i, cal_i = np.where(tr)[0], np.where(cal)[0]
+        spec, C, ap, platt = fit_head(X, chunks, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int))
         heads[h] = spec
-        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X[pool], lab[pool], split[pool] == "train", rng)
+        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X, chunks, pool, lab[pool], split[pool] == "train", rng)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
     out = {
         "version": f"{datetime.date.today().isoformat()}.{REVISION}",
         "input": SHIPPED_INPUT,
-        "window": {"tokens": WINDOW_TOKENS, "stride": WINDOW_STRIDE},
+        "window": dict(WINDOW),
         "heads": heads,
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,

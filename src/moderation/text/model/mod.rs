@@ -8,8 +8,8 @@
 //! compiled into the binary with `include_str!`, so a build can never pair
 //! code with heads of another version.
 //!
-//! Texts are cut into sentence chunks of at most 64 tokens (see
-//! [`encoder::MiniLm::chunks`]); a category's score is its strongest
+//! Texts are cut into sentence chunks of at most `window.tokens` tokens (128
+//! since heads .6; see [`encoder::MiniLm::chunks`]); a category's score is its strongest
 //! chunk's, so a threat in the middle of a long benign text is not diluted
 //! away. Every distinct chunk of a request goes through the encoder once:
 //! the combined text of a request is scored from its items' chunks plus
