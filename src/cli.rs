@@ -132,9 +132,6 @@ fn parse_period(s: &str) -> Result<Period, String> {
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref())?;
     crate::telemetry::init(config.log_format);
-    for warning in config.deprecations() {
-        tracing::warn!("{warning}");
-    }
     match cli.command {
         Command::Serve => serve(config).await,
         Command::Keys(command) => keys(config, command).await,

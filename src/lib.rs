@@ -83,6 +83,7 @@ pub async fn run_with_metrics(
         access::usage::UsageSettings {
             capacity: config.usage.buffer_capacity,
             batch_size: config.usage.batch_size,
+            flush_interval: Duration::from_millis(config.usage.flush_interval_ms),
             journal_dir: config.usage.journal_dir.clone(),
             legacy_spill_dir: legacy_spill_dir(&config),
         },
