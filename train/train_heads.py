@@ -53,13 +53,16 @@ class Chunks:
     text's lexical features), rows of a text next to each other. A text's
     served logit is its strongest chunk's (Rust EmbeddingClassifier)."""
 
-    def __init__(self, vecs, idx, lex):
-        order = np.argsort(idx, kind="stable")
-        self.F = np.hstack([vecs[order], lex[idx[order]]]).astype(np.float32)
-        self.idx = idx[order]
-        self.n = len(lex)
-        self.counts = np.bincount(self.idx, minlength=self.n)
+    def __init__(self, F, owner, n):
+        """`F` rows sorted by `owner`, the index (< n) of each row's text."""
+        self.F = F
+        self.counts = np.bincount(owner, minlength=n)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+
+    @staticmethod
+    def of_embeddings(vecs, idx, lex):
+        order = np.argsort(idx, kind="stable")
+        return Chunks(np.hstack([vecs[order], lex[idx[order]]]).astype(np.float32), idx[order], len(lex))
 
     def of(self, texts):
         """The chunk rows of `texts` (indices), and which of them each row belongs to."""
@@ -77,13 +80,10 @@ class Chunks:
         return out
 
     def keep(self, mask):
+        """The chunks of the texts where `mask` is true, renumbered."""
         kept = np.where(mask)[0]
         rows, owner = self.of(kept)
-        new = Chunks.__new__(Chunks)
-        new.F, new.idx, new.n = self.F[rows], owner, len(kept)
-        new.counts = np.bincount(owner, minlength=len(kept))
-        new.starts = np.concatenate([[0], np.cumsum(new.counts)[:-1]])
-        return new
+        return Chunks(self.F[rows], owner, len(kept))
 
 
 def load_rows():
@@ -98,7 +98,7 @@ def load_rows():
     if os.environ.get("MODERATO_NO_LEXICAL") == "1":
         lex = np.zeros_like(lex)
     X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
-    return rows, X, lex, Chunks(vecs, idx, lex)
+    return rows, X, lex, Chunks.of_embeddings(vecs, idx, lex)
 
 
 def design(X, chunks, texts, y):
