@@ -131,6 +131,18 @@ const NOT_ELONGATED_LIST: &str = include_str!(concat!(
     "/assets/lexicon/not_elongated.txt"
 ));
 
+/// Every word of the category lists' terms, as written there (lower case):
+/// the words worth disguising, which the normaliser restores from masked
+/// spellings such as `m*rder` or `f#ck`.
+pub(crate) fn category_list_words() -> impl Iterator<Item = &'static str> {
+    CATEGORY_LISTS
+        .iter()
+        .chain(GROUP_DIRECTED_LISTS.iter())
+        .flat_map(|(_, text)| text.lines())
+        .filter_map(parse_line)
+        .flat_map(|(term, _)| term.split_whitespace())
+}
+
 /// Weight of a lexicon line that gives none.
 const DEFAULT_WEIGHT: f32 = 0.5;
 

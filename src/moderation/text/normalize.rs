@@ -216,6 +216,23 @@ fn is_word_core(c: char) -> bool {
     c.is_alphanumeric() || c == '@' || c == '$'
 }
 
+/// Characters that stand for a hidden letter inside a word (`m*rder`,
+/// `f#ck`, `sh_t`). Between single letters they are separators (`k*i*l*l`).
+fn is_mask(c: char) -> bool {
+    matches!(c, '*' | '#' | '%' | '_')
+}
+
+/// Longest run of mask characters read as hidden letters (`f**k`); longer
+/// runs are decoration or markup (`***bold***`).
+const MAX_MASK_RUN: usize = 3;
+
+/// Whether `rest`, which starts with a mask character, is a short run of
+/// masks followed by more of the word.
+fn mask_run_continues_word(rest: &str) -> bool {
+    let masks = rest.chars().take_while(|&c| is_mask(c)).count();
+    masks <= MAX_MASK_RUN && rest.chars().nth(masks).is_some_and(is_word_core)
+}
+
 fn is_separator(c: char) -> bool {
     matches!(
         c,
@@ -253,6 +270,7 @@ impl<'a> Iterator for Segments<'a> {
                 SegKind::Word => {
                     is_word_core(c)
                         || (c == '!' && chars.peek().is_some_and(|&(_, n)| is_word_core(n)))
+                        || (is_mask(c) && mask_run_continues_word(&rest[i..]))
                 }
                 SegKind::Gap => !is_word_core(c),
             };
@@ -368,7 +386,31 @@ impl Rewriter<'_> {
         }
     }
 
+    /// A word with mask characters inside: letters spelt out between masks
+    /// (`k*i*l*l`) are rejoined; a disguised lexicon word (`m*rder`) is
+    /// restored; anything else is left as its pieces, as before masks were
+    /// read.
+    fn masked_word(&mut self, word: &str) {
+        let chars: Vec<char> = word.chars().collect();
+        if let Some(joined) = spelt_between_masks(&chars) {
+            self.word(&joined);
+        } else if let Some(restored) = unmask(&chars) {
+            self.word(&restored);
+        } else {
+            for (is_masks, piece) in split_masks(word) {
+                if is_masks {
+                    self.out.push_str(piece);
+                } else {
+                    self.word(piece);
+                }
+            }
+        }
+    }
+
     fn word(&mut self, word: &str) {
+        if word.contains(is_mask) {
+            return self.masked_word(word);
+        }
         if word.bytes().all(|b| b.is_ascii_lowercase()) && !has_long_run(word.as_bytes()) {
             // The common case: a plain word with nothing to undo.
             self.out.push_str(word);
@@ -385,6 +427,109 @@ impl Rewriter<'_> {
         };
         push_collapsed(&mut self.out, &self.scratch, keep);
     }
+}
+
+/// `k*i*l*l`: single letters each followed by one mask, at least
+/// [`MIN_SPELT_OUT_LEN`] of them with two letters, as the spelt-run rule
+/// asks of `k i l l`.
+fn spelt_between_masks(chars: &[char]) -> Option<String> {
+    let singles = chars.len().div_ceil(2);
+    let alternating = chars.iter().enumerate().all(|(i, &c)| {
+        if i % 2 == 0 {
+            is_word_core(c)
+        } else {
+            is_mask(c)
+        }
+    });
+    let letters = chars.iter().filter(|c| c.is_alphabetic()).count();
+    (alternating && chars.len() % 2 == 1 && singles >= MIN_SPELT_OUT_LEN && letters >= 2)
+        .then(|| chars.iter().step_by(2).collect())
+}
+
+/// Longest masked word that is looked up.
+const MAX_MASKED_WORD_CHARS: usize = 24;
+
+/// The lexicon word a masked spelling stands for: same length, every
+/// visible letter in place (after homoglyphs and digit swaps), at most half
+/// the letters hidden. Among several, the one in the most lexicon terms
+/// (`f#ck` is `fuck`, not the variant `fack`), then the one whose hidden
+/// letters are most often vowels (people hide vowels: `m*rder`, `sh*t`),
+/// then the first alphabetically, so the result never depends on hashing.
+fn unmask(chars: &[char]) -> Option<String> {
+    let hidden = chars.iter().filter(|&&c| is_mask(c)).count();
+    if chars.len() > MAX_MASKED_WORD_CHARS || hidden * 2 > chars.len() || !is_word_core(chars[0]) {
+        return None;
+    }
+    let mut visible = chars.to_vec();
+    map_homoglyphs(&mut visible);
+    map_leet(&mut visible);
+    let candidates = maskable_words().get(&chars.len())?;
+    let fits = |w: &&MaskableWord| {
+        w.letters
+            .iter()
+            .zip(&visible)
+            .all(|(&l, &v)| is_mask(v) || l == v)
+    };
+    let vowels_hidden = |w: &MaskableWord| {
+        w.letters
+            .iter()
+            .zip(&visible)
+            .filter(|&(&l, &v)| is_mask(v) && "aeiou".contains(l))
+            .count()
+    };
+    candidates
+        .iter()
+        .filter(fits)
+        .max_by(|a, b| {
+            (a.terms, vowels_hidden(a))
+                .cmp(&(b.terms, vowels_hidden(b)))
+                .then(b.letters.cmp(&a.letters))
+        })
+        .map(|w| w.letters.iter().collect())
+}
+
+/// A word of the category lists and how many of their terms contain it.
+struct MaskableWord {
+    letters: Vec<char>,
+    terms: usize,
+}
+
+/// The category lists' words by length in characters, sorted: built once.
+fn maskable_words() -> &'static std::collections::HashMap<usize, Vec<MaskableWord>> {
+    static WORDS: std::sync::OnceLock<std::collections::HashMap<usize, Vec<MaskableWord>>> =
+        std::sync::OnceLock::new();
+    WORDS.get_or_init(|| {
+        let mut terms = std::collections::BTreeMap::<Vec<char>, usize>::new();
+        for w in super::lexical::category_list_words() {
+            if w.chars().all(char::is_alphabetic) && w.chars().count() >= 3 {
+                *terms.entry(w.to_lowercase().chars().collect()).or_default() += 1;
+            }
+        }
+        let mut by_len = std::collections::HashMap::new();
+        for (letters, terms) in terms {
+            by_len
+                .entry(letters.len())
+                .or_insert_with(Vec::new)
+                .push(MaskableWord { letters, terms });
+        }
+        by_len
+    })
+}
+
+/// A word split into runs of masks and runs of anything else, in order.
+fn split_masks(word: &str) -> impl Iterator<Item = (bool, &str)> {
+    let mut rest = word;
+    std::iter::from_fn(move || {
+        let first = rest.chars().next()?;
+        let masks = is_mask(first);
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| is_mask(c) != masks)
+            .map_or(rest.len(), |(i, _)| i);
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some((masks, piece))
+    })
 }
 
 /// `john.doe@example.com` reaches us as the words `john` and
@@ -723,6 +868,21 @@ mod tests {
         assert_eq!(n("go d.i.e."), "go die.");
         // Mixed with leet inside the spelt word.
         assert_eq!(n("k 1 l l"), "kill");
+    }
+
+    #[test]
+    fn masked_letters_are_restored_to_the_lexicon_word() {
+        assert_eq!(n("I will m*rder you"), "i will murder you");
+        assert_eq!(n("f#ck off"), "fuck off");
+        assert_eq!(n("f**k you"), "fuck you");
+        assert_eq!(n("k!ll yourself"), "kill yourself");
+        assert_eq!(n("sh1t"), "shit");
+        assert_eq!(n("sh*t head"), "shit head");
+        // Not a disguise: left exactly as the pieces were before.
+        assert_eq!(n("2*3 = 6"), "2*3 = 6");
+        assert_eq!(n("my_variable_name"), "my_variable_name");
+        assert_eq!(n("***bold***"), "***bold***");
+        assert_eq!(n("note*"), "note*");
     }
 
     #[test]
