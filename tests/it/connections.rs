@@ -330,14 +330,14 @@ async fn discarding_does_not_grow_the_servers_memory() {
     let grown_mb = peak_kb.saturating_sub(baseline_kb) / 1024;
     eprintln!(
         "lingering: discarded {} MB; baseline {} MB, peak {} MB",
-        4 * BODY >> 20,
+        (4 * BODY) >> 20,
         baseline_kb / 1024,
         peak_kb / 1024
     );
     assert!(
         grown_mb < 32,
         "the peak resident memory grew by {grown_mb} MB while discarding {} MB",
-        4 * BODY >> 20
+        (4 * BODY) >> 20
     );
 }
 
