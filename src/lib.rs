@@ -120,6 +120,7 @@ pub async fn run_with_metrics(
         max_connections: config.server.max_connections,
         linger: http::serve::LingerLimits {
             max_time: Duration::from_millis(config.server.linger_time_ms),
+            max_idle: Duration::from_millis(config.server.linger_idle_ms),
             max_bytes: config.server.linger_max_bytes,
         },
     };

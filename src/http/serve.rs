@@ -8,7 +8,8 @@
 //! A connection whose last answer went out before its request's body was
 //! read closes lingering, as nginx and Go's server do: our side is shut
 //! for writing, and what the client still sends is read and discarded
-//! (bounded in bytes and time) before the socket is closed. Closing at once
+//! (bounded in bytes, in time, and in time without a byte) before the
+//! socket is closed. Closing at once
 //! would make the kernel answer the unread bytes with a reset, and a client
 //! that writes its whole body before reading (Python's `http.client`)
 //! fails with a broken pipe instead of reading our 413.
@@ -44,7 +45,10 @@ pub struct ConnectionLimits {
 /// How long, and how much, a lingering close reads and discards.
 #[derive(Clone, Copy, Debug)]
 pub struct LingerLimits {
+    /// In all (nginx's `lingering_time`).
     pub max_time: Duration,
+    /// Without a byte from the client (nginx's `lingering_timeout`).
+    pub max_idle: Duration,
     pub max_bytes: u64,
 }
 
@@ -152,7 +156,8 @@ async fn serve_connection(
 
 /// Shuts our side for writing (the client sees the answer end), then reads
 /// and discards what the client still sends, through one small buffer,
-/// until it closes its side, `limits` are reached, or the server shuts down.
+/// until it closes its side, goes quiet for `max_idle`, or `limits` or the
+/// server's shutdown end it.
 async fn linger_close(
     mut stream: TcpStream,
     limits: LingerLimits,
@@ -163,12 +168,25 @@ async fn linger_close(
         return;
     }
     let budget = limits.max_bytes.saturating_sub(already_read);
-    let mut rest = (&mut stream).take(budget);
-    let mut sink = tokio::io::sink();
-    let discard = tokio::io::copy(&mut rest, &mut sink);
     tokio::select! {
-        _ = discard => {},
+        () = discard(&mut stream, budget, limits.max_idle) => {},
         () = tokio::time::sleep(limits.max_time) => {},
         () = shutdown.cancelled() => {},
     }
 }
+
+/// Reads and drops up to `budget` bytes, each read within `max_idle`.
+async fn discard(stream: &mut TcpStream, budget: u64, max_idle: Duration) {
+    let mut buffer = vec![0u8; DISCARD_BUFFER];
+    let mut left = budget;
+    while left > 0 {
+        match tokio::time::timeout(max_idle, stream.read(&mut buffer)).await {
+            Ok(Ok(read)) if read > 0 => left = left.saturating_sub(read as u64),
+            // The client closed its side, reset, or went quiet.
+            _ => return,
+        }
+    }
+}
+
+/// What a lingering connection costs beyond its socket.
+const DISCARD_BUFFER: usize = 8 * 1024;

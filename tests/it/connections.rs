@@ -51,7 +51,8 @@ async fn write_everything_then_read(conn: &mut Conn, head: &str, length: usize) 
 /// Whether the server closes the connection within `bound`. Our side
 /// sees its half-close (the end of the answer) at once; that it closed the
 /// socket shows only when a byte sent gets a reset, so one is sent every
-/// 100 ms (the linger's bound is in total time, which they do not extend).
+/// 100 ms (which keeps a lingering connection from going idle, not from
+/// reaching its total time).
 async fn closed_for_writing_within(conn: &mut Conn, bound: Duration) -> bool {
     let probe = async {
         while conn.send(b"x").await.is_ok() {
@@ -166,10 +167,11 @@ for _ in range(20):
     assert_eq!(lines, vec!["413 payload_too_large"; 20]);
 }
 
-/// Lingering is bounded: a client that never finishes its body (nor
-/// closes) is closed at `server.linger_time_ms`.
+/// Lingering is bounded in time: a client that sends a little now and
+/// then (never enough to finish, never closing) is closed at
+/// `server.linger_time_ms`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_sending_is_closed_at_the_linger_bound() {
+async fn a_client_that_keeps_trickling_is_closed_at_the_linger_time() {
     let app = spawn_app_with(Backend::Sqlite, |c| {
         quick(c);
         c.server.linger_time_ms = 1_000;
@@ -187,10 +189,33 @@ async fn a_client_that_stops_sending_is_closed_at_the_linger_bound() {
     conn.send(&vec![b'x'; 1 << 20])
         .await
         .expect("still read while lingering");
-    // ...and then the connection is closed.
+    // ...and then the connection is closed, trickle or not.
     assert!(
         closed_for_writing_within(&mut conn, BOUND).await,
         "a client that did not finish its body kept its lingering connection"
+    );
+}
+
+/// A client that stops sending after the answer (and never closes) is
+/// closed once it has been quiet for `server.linger_idle_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_sending_is_closed_at_the_idle_bound() {
+    let app = spawn_app_with(Backend::Sqlite, |c| {
+        quick(c);
+        c.server.linger_time_ms = 600_000;
+        c.server.linger_idle_ms = 300;
+    })
+    .await;
+    let (_, key) = app.create_key(Tier::Enterprise, Some(1_000)).await;
+    let mut conn = Conn::open(&app).await;
+    conn.send(post_head(&key, TWELVE_MB, "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(conn.response_within(BOUND).await.expect("413").status, 413);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        closed_for_writing_within(&mut conn, BOUND).await,
+        "a silent client kept its lingering connection past the idle bound"
     );
 }
 
@@ -271,6 +296,7 @@ async fn shutdown_ends_lingering_at_once() {
     let mut app = spawn_app_with(Backend::Sqlite, |c| {
         quick(c);
         c.server.linger_time_ms = 600_000;
+        c.server.linger_idle_ms = 600_000;
         c.shutdown_grace_ms = 600_000;
     })
     .await;
