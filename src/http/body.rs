@@ -205,3 +205,36 @@ impl HttpBody for BoundedBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounded(body: Body, limit: usize, timeout: Option<Duration>) -> Body {
+        Body::new(BoundedBody::new(body, limit, timeout, Arc::default()))
+    }
+
+    async fn failure(body: Body) -> Option<BodyError> {
+        let error = axum::body::to_bytes(body, usize::MAX).await.unwrap_err();
+        BodyError::of(&error)
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_limit_fails_as_too_large_however_wrapped() {
+        let body = bounded(Body::from(vec![b'x'; 100]), 10, None);
+        assert_eq!(failure(body).await, Some(BodyError::TooLarge(10)));
+        let outer = bounded(Body::from(vec![b'x'; 100]), 1_000, None);
+        let narrowed = bounded(outer, 10, None);
+        assert_eq!(failure(narrowed).await, Some(BodyError::TooLarge(10)));
+        let within = bounded(Body::from(vec![b'x'; 10]), 10, None);
+        assert_eq!(axum::body::to_bytes(within, 100).await.unwrap().len(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stalls_fails_at_its_deadline() {
+        let stalled = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let timeout = Duration::from_secs(30);
+        let body = bounded(Body::from_stream(stalled), 100, Some(timeout));
+        assert_eq!(failure(body).await, Some(BodyError::TimedOut(timeout)));
+    }
+}
