@@ -150,6 +150,14 @@ pub struct ServerConfig {
     pub body_read_timeout_ms: u64,
     /// Connections served at once.
     pub max_connections: usize,
+    /// After an answer sent before its request's body was read, how long
+    /// the connection goes on reading and discarding what the client still
+    /// sends before it is closed (0: closed at once).
+    pub linger_time_ms: u64,
+    /// ...ending sooner when the client sends nothing for this long.
+    pub linger_idle_ms: u64,
+    /// ...and how many bytes it discards at most.
+    pub linger_max_bytes: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

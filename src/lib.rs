@@ -118,6 +118,11 @@ pub async fn run_with_metrics(
     let connection_limits = http::serve::ConnectionLimits {
         header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
         max_connections: config.server.max_connections,
+        linger: http::serve::LingerLimits {
+            max_time: Duration::from_millis(config.server.linger_time_ms),
+            max_idle: Duration::from_millis(config.server.linger_idle_ms),
+            max_bytes: config.server.linger_max_bytes,
+        },
     };
     let server = http::serve::serve(listener, app, connection_limits, shutdown.clone());
     let mut server = std::pin::pin!(server);

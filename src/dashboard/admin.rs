@@ -1,11 +1,11 @@
 //! Admin pages: accounts, plans and the keys of any account; and the
 //! first-password link.
 
+use super::form::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::header::SET_COOKIE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use chrono::Utc;
 use serde::Deserialize;
 

@@ -1,9 +1,9 @@
 //! A customer's own keys and plan.
 
+use super::form::Form;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 

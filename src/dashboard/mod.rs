@@ -11,6 +11,7 @@
 mod admin;
 mod attempts;
 mod error;
+mod form;
 mod housekeeping;
 mod keys;
 mod pages;
@@ -76,6 +77,10 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route("/static/copy.js", get(script))
         .fallback(|| async { DashError::NotFound })
         .layer(middleware::from_fn(security_headers))
+        .layer(middleware::from_fn_with_state(
+            form::MAX_FORM_BYTES,
+            crate::http::body::narrow,
+        ))
 }
 
 /// Headers on every dashboard response: no framing, no script or style

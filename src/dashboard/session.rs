@@ -23,12 +23,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::form::Form;
 use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::header::{COOKIE, RETRY_AFTER, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::{DateTime, Utc};

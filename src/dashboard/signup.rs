@@ -17,11 +17,11 @@
 
 use std::net::SocketAddr;
 
+use super::form::Form;
 use axum::extract::{ConnectInfo, State};
 use axum::http::header::{RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use chrono::Utc;
 
 use super::admin::insert_new_account;

@@ -139,7 +139,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Answers a request refused before its body was read. The body is read
 /// and dropped first (bounded by the body limit and [`DRAIN_TIMEOUT`]), so
 /// that the keep-alive connection stays usable for the client's next
-/// request; if it cannot be, the guard layer adds `Connection: close`.
+/// request; if it cannot be, the body layer adds `Connection: close` and
+/// the connection closes lingering (`body.rs`, `serve.rs`).
 async fn refuse(request: Request, error: ApiError, state: &AppState) -> Response {
     let expects_continue = request
         .headers()

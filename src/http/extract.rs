@@ -3,9 +3,8 @@
 //! duplicate key, or the JSON path of the field.
 //!
 //! Everything is checked that can be before the body is read: a declared
-//! length over the limit is refused at once.
-
-use std::time::Duration;
+//! length over the limit is refused at once. The body's size and deadline
+//! are the router's ([`super::body`]); this maps them to 413 and 408.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
@@ -13,17 +12,9 @@ use axum::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 
+use super::body::BodyError;
+pub use super::body::BodyLimits;
 use super::error::ApiError;
-
-/// The largest body the extractor reads and how long it may take to arrive,
-/// set on the router as an extension.
-#[derive(Clone, Copy, Debug)]
-pub struct BodyLimits {
-    pub max_bytes: usize,
-    /// A client that announces a body and never sends it must not hold a
-    /// connection and its task for longer.
-    pub read_timeout: Duration,
-}
 
 pub struct JsonBody<T>(pub T);
 
@@ -81,7 +72,7 @@ fn check_content_type(content_type: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// The body is read as sent: an encoded body would be misread, not decoded.
-fn check_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
     for value in headers.get_all(CONTENT_ENCODING) {
         let text = value.to_str().unwrap_or("(not text)");
         for coding in text.split(',').map(str::trim) {
@@ -95,7 +86,7 @@ fn check_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_declared_length(headers: &HeaderMap, max_bytes: usize) -> Result<(), ApiError> {
+pub(crate) fn check_declared_length(headers: &HeaderMap, max_bytes: usize) -> Result<(), ApiError> {
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -108,26 +99,25 @@ fn check_declared_length(headers: &HeaderMap, max_bytes: usize) -> Result<(), Ap
     }
 }
 
-async fn read_body(body: Body, limits: BodyLimits) -> Result<bytes::Bytes, ApiError> {
+/// Reads the whole body (bounded in size and time by the router's body
+/// layer, and by `limits.max_bytes` here too), naming the bound it broke.
+pub(crate) async fn read_body(body: Body, limits: BodyLimits) -> Result<bytes::Bytes, ApiError> {
     let limit = limits.max_bytes;
-    let read = tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, limit))
-        .await
-        .map_err(|_| {
-            ApiError::RequestTimeout(format!(
-                "the request body did not arrive within {} ms; send it whole and promptly",
-                limits.read_timeout.as_millis()
-            ))
-        })?;
-    read.map_err(|error| {
-        let too_large = std::error::Error::source(&error)
-            .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
-            || error.to_string().contains("length limit");
-        if too_large {
-            ApiError::PayloadTooLarge(format!(
-                "the request body is larger than the limit of {limit} bytes"
-            ))
-        } else {
-            ApiError::InvalidRequest("the request body could not be read completely".into())
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let too_large = || {
+            std::error::Error::source(&error)
+                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
+                || error.to_string().contains("length limit")
+        };
+        match BodyError::of(&error) {
+            Some(bound @ BodyError::TimedOut(_)) => ApiError::RequestTimeout(bound.to_string()),
+            Some(bound @ BodyError::TooLarge(_)) => ApiError::PayloadTooLarge(bound.to_string()),
+            None if too_large() => {
+                ApiError::PayloadTooLarge(BodyError::TooLarge(limit).to_string())
+            }
+            None => {
+                ApiError::InvalidRequest("the request body could not be read completely".into())
+            }
         }
     })
 }

@@ -18,22 +18,22 @@ use moderato::access::Tier;
 use moderato::config::{IpBlock, TextClassifierKind};
 
 /// Generous: these bounds say "closed / answered at all", not "fast".
-const BOUND: Duration = Duration::from_secs(20);
+pub(crate) const BOUND: Duration = Duration::from_secs(20);
 
 /// One raw HTTP/1.1 connection.
-struct Conn {
-    stream: TcpStream,
+pub(crate) struct Conn {
+    pub(crate) stream: TcpStream,
     buffer: Vec<u8>,
 }
 
-struct RawResponse {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct RawResponse {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 impl RawResponse {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -42,21 +42,25 @@ impl RawResponse {
 }
 
 impl Conn {
-    async fn open(app: &TestApp) -> Conn {
-        let address = app.base.trim_start_matches("http://");
+    pub(crate) async fn open(app: &TestApp) -> Conn {
+        Conn::to(app.base.trim_start_matches("http://")).await
+    }
+
+    /// A connection to `address` (`host:port`).
+    pub(crate) async fn to(address: &str) -> Conn {
         Conn {
             stream: TcpStream::connect(address).await.expect("connect"),
             buffer: Vec::new(),
         }
     }
 
-    async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes).await
     }
 
     /// Reads one response (with a Content-Length); `None` if the server
     /// closed the connection first.
-    async fn response(&mut self) -> Option<RawResponse> {
+    pub(crate) async fn response(&mut self) -> Option<RawResponse> {
         let head_end = loop {
             if let Some(at) = find(&self.buffer, b"\r\n\r\n") {
                 break at;
@@ -91,7 +95,7 @@ impl Conn {
         })
     }
 
-    async fn response_within(&mut self, bound: Duration) -> Option<RawResponse> {
+    pub(crate) async fn response_within(&mut self, bound: Duration) -> Option<RawResponse> {
         tokio::time::timeout(bound, self.response())
             .await
             .ok()
@@ -112,7 +116,7 @@ impl Conn {
 
     /// Whether the server closes the connection within `bound`, reading and
     /// discarding whatever it sends before.
-    async fn closed_within(&mut self, bound: Duration) -> bool {
+    pub(crate) async fn closed_within(&mut self, bound: Duration) -> bool {
         tokio::time::timeout(bound, async { while self.fill().await {} })
             .await
             .is_ok()
@@ -123,7 +127,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn post_head(key: &str, length: usize, extra: &str) -> String {
+pub(crate) fn post_head(key: &str, length: usize, extra: &str) -> String {
     format!(
         "POST /v1/moderate HTTP/1.1\r\nHost: test\r\nX-API-Key: {key}\r\n\
          Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"

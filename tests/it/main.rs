@@ -9,6 +9,7 @@ mod webdriver;
 mod api;
 mod browser;
 mod budget;
+mod connections;
 mod dashboard;
 mod edge;
 mod images;
