@@ -5,6 +5,7 @@
 //! that applies it to a request.
 
 pub mod accounts;
+pub(crate) mod client;
 pub(crate) mod key_cache;
 pub mod keys;
 pub mod plan;

@@ -62,7 +62,8 @@ pub struct Shared {
     pub pepper: Pepper,
     pub plans: Plans,
     pub limiter: RateLimiter,
-    pub failed_auth: FailedAuthLimiter,
+    /// Shared with its pruning timer.
+    pub failed_auth: Arc<FailedAuthLimiter>,
     pub usage: UsageRecorder,
     pub trusted_proxies: Vec<IpBlock>,
     pub body_read_timeout: Duration,
