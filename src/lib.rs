@@ -111,6 +111,7 @@ pub async fn run_with_metrics(
         keys: access::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
         pepper,
         plans: config.plans.clone(),
+        max_keys_per_account: config.max_keys_per_account.clone(),
         limiter,
         failed_auth,
         usage: recorder,

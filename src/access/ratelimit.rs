@@ -16,6 +16,7 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 use redis::aio::ConnectionManager;
 use tokio::sync::Mutex as AsyncMutex;
 
+use super::allowance::Allowance;
 use super::client::{client_key, ClientKey};
 
 /// How long one Redis round trip may take before the local limiter decides.
@@ -260,6 +261,31 @@ impl RateLimiter {
     /// Counts one request against `bucket`'s allowance of `rpm` per minute.
     pub async fn check(&self, bucket: &str, rpm: u32) -> Decision {
         self.check_n(bucket, rpm, 1).await
+    }
+
+    /// Counts one request against a key's allowance: its own lower limit
+    /// first, if it has one, so that a request it refuses costs its account
+    /// nothing; then its plan's bucket (the account's, for a customer's
+    /// key). The answer is the bucket that binds: the one that refused,
+    /// else the one with less left (the plan's on a tie), so that the
+    /// headers show the account's numbers unless the key's own are tighter.
+    pub async fn check_requests(&self, allowance: &Allowance) -> Decision {
+        let own = match &allowance.own_requests {
+            Some(bucket) => {
+                let decision = self.check(&bucket.name, bucket.per_minute).await;
+                if !decision.allowed {
+                    return decision;
+                }
+                Some(decision)
+            }
+            None => None,
+        };
+        let plan = &allowance.requests;
+        let decision = self.check(&plan.name, plan.per_minute).await;
+        match own {
+            Some(own) if decision.allowed && own.remaining < decision.remaining => own,
+            _ => decision,
+        }
     }
 
     /// Counts `cost` units against `bucket`'s allowance of `per_minute`

@@ -42,7 +42,7 @@ use crate::access::keys::Pepper;
 use crate::access::ratelimit::{FailedAuthLimiter, RateLimiter};
 use crate::access::usage::UsageRecorder;
 use crate::access::Endpoint;
-use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
+use crate::config::{BudgetConfig, DashboardConfig, IpBlock, KeysPerAccount, Limits, Plans};
 use crate::moderation::engine::Engine;
 use crate::moderation::image::remote::RemoteImages;
 use crate::signing::ResponseSigner;
@@ -61,6 +61,7 @@ pub struct Shared {
     pub keys: crate::access::KeyCache,
     pub pepper: Pepper,
     pub plans: Plans,
+    pub max_keys_per_account: KeysPerAccount,
     pub limiter: RateLimiter,
     /// Shared with its pruning timer.
     pub failed_auth: Arc<FailedAuthLimiter>,

@@ -261,6 +261,7 @@ impl TestApp {
             name: "test".into(),
             tier,
             custom_rpm: rpm,
+            owner: moderato::access::KeyOwner::Operator,
             secret_hash: new.secret_hash,
             created_at: chrono::Utc::now(),
             revoked_at: None,
