@@ -342,6 +342,10 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
                 "name": k.name,
                 "tier": k.tier,
                 "rpm": k.effective_rpm(&config.plans),
+                "account": match &k.owner {
+                    KeyOwner::Operator => None,
+                    KeyOwner::Account { id, .. } => Some(id),
+                },
                 "created_at": k.created_at,
                 "revoked_at": k.revoked_at,
             })

@@ -269,6 +269,8 @@ impl RateLimiter {
     /// key). The answer is the bucket that binds: the one that refused,
     /// else the one with less left (the plan's on a tie), so that the
     /// headers show the account's numbers unless the key's own are tighter.
+    /// (A request the account then refuses has spent a unit of the key's
+    /// own bucket: at worst the key's own limit is met a little early.)
     pub async fn check_requests(&self, allowance: &Allowance) -> Decision {
         let own = match &allowance.own_requests {
             Some(bucket) => {
