@@ -137,8 +137,13 @@ async fn keys_share_characters_through_redis(backend: Backend) {
 }
 
 /// A key may carry a lower limit of its own; never more than its account's.
-async fn a_key_may_have_a_lower_limit_of_its_own(backend: Backend) {
-    let app = spawn_app(backend).await;
+async fn a_key_may_have_a_lower_limit_of_its_own(backend: Backend, redis: bool) {
+    let app = spawn_app_with(backend, |c| {
+        if redis {
+            c.redis_url = Some(moderato::config::Secret(redis_url()));
+        }
+    })
+    .await;
     let (mut session, keys) = free_account_with_keys(&app, "lin@example.com", 1).await;
     let csrf = session.csrf("/dashboard/keys").await;
     let too_high = session
@@ -182,6 +187,14 @@ async fn a_key_may_have_a_lower_limit_of_its_own(backend: Backend) {
     assert_eq!(response.status(), 200);
     assert_eq!(header(response.headers(), "x-ratelimit-limit"), 10);
     assert_eq!(header(response.headers(), "x-ratelimit-remaining"), 6);
+}
+
+async fn own_lower_limit_in_process(backend: Backend) {
+    a_key_may_have_a_lower_limit_of_its_own(backend, false).await;
+}
+
+async fn own_lower_limit_through_redis(backend: Backend) {
+    a_key_may_have_a_lower_limit_of_its_own(backend, true).await;
 }
 
 /// Keys per account are capped by plan: the owner, an admin and the CLI are
@@ -274,7 +287,8 @@ on_both_backends!(
     keys_share_requests_through_redis,
     keys_share_characters_in_process,
     keys_share_characters_through_redis,
-    a_key_may_have_a_lower_limit_of_its_own,
+    own_lower_limit_in_process,
+    own_lower_limit_through_redis,
     keys_per_account_are_capped_by_plan,
 );
 
