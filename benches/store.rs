@@ -58,6 +58,7 @@ async fn prepared(url: &str) -> Arc<dyn Store> {
         name: "bench".into(),
         tier: Tier::Pro,
         custom_rpm: None,
+        owner: moderato::access::KeyOwner::Operator,
         secret_hash: vec![0; 32],
         created_at: Utc::now(),
         revoked_at: None,

@@ -8,9 +8,12 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Account, ApiKeyRecord, Email, KeyId, Password, Plan, Role, Tier};
+use crate::access::allowance::check_own_rpm;
+use crate::access::{
+    Account, ApiKeyRecord, Email, KeyId, KeyOwner, KeyRequestError, Password, Plan, Role, Tier,
+};
 use crate::config::Config;
-use crate::store::{Period, Store};
+use crate::store::{AccountKeyInsert, NewAccountKey, Period, Store};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,13 +72,20 @@ pub enum AccountsCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Create a key and print its secret (shown once).
+    /// Create a key and print its secret (shown once): an operator key with
+    /// its own plan (--tier), or a key of a customer account (--account),
+    /// which shares the account's plan and counts against its cap.
     Create {
         #[arg(long)]
         name: String,
-        #[arg(long, value_parser = parse_tier)]
-        tier: Tier,
-        /// Requests per minute: required for enterprise, overrides the plan otherwise.
+        #[arg(long, value_parser = parse_tier, required_unless_present = "account", conflicts_with = "account")]
+        tier: Option<Tier>,
+        /// The e-mail address of the customer account that owns the key.
+        #[arg(long)]
+        account: Option<String>,
+        /// Requests per minute. An operator key: required for enterprise,
+        /// overrides the plan otherwise. An account's key: a lower limit of
+        /// its own, at most the account's.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         rpm: Option<u32>,
         #[arg(long)]
@@ -193,10 +203,19 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
     match command {
         KeysCommand::Create {
             name,
+            account: Some(email),
+            rpm,
+            json,
+            ..
+        } => create_account_key(&config, store.as_ref(), &email, name, rpm, json).await?,
+        KeysCommand::Create {
+            name,
             tier,
+            account: None,
             rpm,
             json,
         } => {
+            let tier = tier.context("give the key's plan (--tier) or its account (--account)")?;
             let plan = Plan::new(tier, rpm)?;
             let pepper = crate::load_pepper(&config)?;
             let new = crate::access::keys::generate(&pepper);
@@ -205,6 +224,7 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
                 name,
                 tier,
                 custom_rpm: rpm,
+                owner: KeyOwner::Operator,
                 secret_hash: new.secret_hash,
                 created_at: chrono::Utc::now(),
                 revoked_at: None,
@@ -231,6 +251,13 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
         KeysCommand::SetTier { id, tier, rpm } => {
             let id = parse_key_id(&id)?;
             let plan = Plan::new(tier, rpm)?;
+            if let Some(ApiKeyRecord {
+                owner: KeyOwner::Account { .. },
+                ..
+            }) = store.get_key(&id).await?
+            {
+                anyhow::bail!("key {id} belongs to a customer account: it has its account's plan (set the account's plan in the dashboard's admin pages)");
+            }
             if !store.set_tier(&id, tier, rpm).await? {
                 anyhow::bail!("no key with id {id}");
             }
@@ -239,6 +266,69 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
                 plan.rpm(&config.plans)
             );
         }
+    }
+    Ok(())
+}
+
+/// Makes a key for the customer account with e-mail `email`, on its plan,
+/// refused past the plan's cap on keys (`max_keys_per_account`).
+async fn create_account_key(
+    config: &Config,
+    store: &dyn Store,
+    email: &str,
+    name: String,
+    own_rpm: Option<u32>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let email = Email::parse(email)?;
+    let account = store
+        .account_by_email(&email)
+        .await?
+        .with_context(|| format!("no account with e-mail {email}"))?;
+    if account.id.is_operator() {
+        anyhow::bail!(
+            "the operator account's keys each have their own plan: use --tier instead of --account"
+        );
+    }
+    if account.is_disabled() {
+        anyhow::bail!("the account {email} is disabled: its keys would be refused");
+    }
+    let plan = account.plan;
+    let key_rpm = check_own_rpm(own_rpm, plan.tier(), plan.custom_rpm(), &config.plans)?;
+    let max_keys = config.max_keys_per_account.of(plan.tier());
+    let pepper = crate::load_pepper(config)?;
+    let new = crate::access::keys::generate(&pepper);
+    let key = NewAccountKey {
+        id: new.id.clone(),
+        name,
+        key_rpm,
+        secret_hash: new.secret_hash,
+        created_at: chrono::Utc::now(),
+    };
+    if store
+        .insert_account_key(&account.id, &key, max_keys)
+        .await?
+        == AccountKeyInsert::AccountFull
+    {
+        anyhow::bail!(
+            "{email}: {}",
+            KeyRequestError::TooManyKeys {
+                max: max_keys,
+                tier: plan.tier()
+            }
+        );
+    }
+    let tier = plan.tier();
+    let limit = key_rpm
+        .unwrap_or(plan.rpm(&config.plans))
+        .min(plan.rpm(&config.plans));
+    if json {
+        println!(
+            "{}",
+            json!({ "id": new.id, "key": new.full_key, "tier": tier, "rpm": limit, "account": account.id })
+        );
+    } else {
+        println!("id:      {}\naccount: {email} (all its keys share its allowance)\ntier:    {tier} ({limit} requests/minute)\nkey:     {}\n\nThe key is shown only now: store it safely.", new.id, new.full_key);
     }
     Ok(())
 }
@@ -252,6 +342,10 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
                 "name": k.name,
                 "tier": k.tier,
                 "rpm": k.effective_rpm(&config.plans),
+                "account": match &k.owner {
+                    KeyOwner::Operator => None,
+                    KeyOwner::Account { id, .. } => Some(id),
+                },
                 "created_at": k.created_at,
                 "revoked_at": k.revoked_at,
             })

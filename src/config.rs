@@ -94,6 +94,8 @@ pub struct Config {
     pub limits: Limits,
     pub auth: AuthConfig,
     pub plans: Plans,
+    /// The most keys (not revoked) a customer account may hold, by plan.
+    pub max_keys_per_account: KeysPerAccount,
     pub dashboard: DashboardConfig,
     pub signing: SigningConfig,
     pub usage: UsageConfig,
@@ -252,6 +254,28 @@ pub struct Plans {
 
 impl Plans {
     pub fn rpm(&self, tier: Tier) -> u32 {
+        match tier {
+            Tier::Free => self.free,
+            Tier::Basic => self.basic,
+            Tier::Pro => self.pro,
+            Tier::Enterprise => self.enterprise,
+        }
+    }
+}
+
+/// Keys (not revoked) a customer account may hold, by plan. Keys of one
+/// account share its allowance, so this bounds bookkeeping, not requests.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeysPerAccount {
+    pub free: u32,
+    pub basic: u32,
+    pub pro: u32,
+    pub enterprise: u32,
+}
+
+impl KeysPerAccount {
+    pub fn of(&self, tier: Tier) -> u32 {
         match tier {
             Tier::Free => self.free,
             Tier::Basic => self.basic,
@@ -440,6 +464,13 @@ impl Config {
                 ));
             }
         }
+        for tier in Tier::ALL {
+            if self.max_keys_per_account.of(tier) == 0 {
+                return invalid(format!(
+                    "max_keys_per_account.{tier} must be at least 1 key"
+                ));
+            }
+        }
         if self.dashboard.session_idle_minutes == 0 {
             return invalid("dashboard.session_idle_minutes must be at least 1".into());
         }
@@ -584,6 +615,7 @@ mod tests {
             assert_eq!(config.plans.rpm(Tier::Free), 10);
             assert_eq!(config.plans.rpm(Tier::Basic), 60);
             assert_eq!(config.plans.rpm(Tier::Pro), 300);
+            assert_eq!(config.max_keys_per_account.of(Tier::Free), 3);
             assert_eq!(config.limits.max_items, 64);
             assert!(config.redis_url.is_none());
             assert_eq!(

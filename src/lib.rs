@@ -77,6 +77,14 @@ pub async fn run_with_metrics(
             .map_err(anyhow::Error::msg)?,
         None => access::ratelimit::RateLimiter::local(),
     };
+    let failed_auth = Arc::new(access::ratelimit::FailedAuthLimiter::new(
+        config.auth.failed_auth_per_minute,
+    ));
+    access::ratelimit::FailedAuthLimiter::spawn_pruning(
+        failed_auth.clone(),
+        access::ratelimit::FAILED_AUTH_PRUNE_EVERY,
+        shutdown.clone(),
+    );
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let (recorder, writer) = access::usage::UsageRecorder::start(
         store.clone(),
@@ -103,8 +111,9 @@ pub async fn run_with_metrics(
         keys: access::KeyCache::new(Duration::from_millis(config.auth.key_cache_ttl_ms)),
         pepper,
         plans: config.plans.clone(),
+        max_keys_per_account: config.max_keys_per_account.clone(),
         limiter,
-        failed_auth: access::ratelimit::FailedAuthLimiter::new(config.auth.failed_auth_per_minute),
+        failed_auth,
         usage: recorder,
         trusted_proxies: config.auth.trusted_proxies.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),

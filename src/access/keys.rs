@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use super::accounts::AccountId;
 use super::plan::{effective_rpm, Tier};
 use crate::config::Plans;
 
@@ -52,19 +53,44 @@ impl fmt::Display for KeyId {
 pub struct ApiKeyRecord {
     pub id: KeyId,
     pub name: String,
+    /// The plan the key runs on: its own for an operator key, its
+    /// account's for a customer's key (read from the account, never copied).
     pub tier: Tier,
-    /// Requests per minute set on this key; required for enterprise, and
-    /// overrides the plan's limit for any tier when set.
+    /// The plan's own requests per minute; required for enterprise, and
+    /// overrides the tier's limit when set. A customer's key: its account's.
     pub custom_rpm: Option<u32>,
+    /// Whose allowance the key draws on.
+    pub owner: KeyOwner,
     pub secret_hash: Vec<u8>,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
+/// Whose allowance a key draws on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyOwner {
+    /// A key made by `moderato keys create` for the operator: each has its
+    /// own plan and buckets of its own, as operators hand them out one by one.
+    Operator,
+    /// A customer account's key. Every key of the account draws on the
+    /// account's buckets, so more keys never mean more requests;
+    /// `key_rpm` is a lower limit of the key's own, on top.
+    Account { id: AccountId, key_rpm: Option<u32> },
+}
+
 impl ApiKeyRecord {
-    /// The requests per minute this key may make: its own limit, else its plan's.
+    /// The requests per minute this key may make: an operator key's plan
+    /// (its own limit, else its tier's); a customer's key, its account's
+    /// plan, or its own lower limit. Never more than the account's, even
+    /// when the account's plan went down after the key's limit was set.
     pub fn effective_rpm(&self, plans: &Plans) -> u32 {
-        effective_rpm(self.tier, self.custom_rpm, plans)
+        let plan = effective_rpm(self.tier, self.custom_rpm, plans);
+        match self.owner {
+            KeyOwner::Account {
+                key_rpm: Some(own), ..
+            } => own.min(plan),
+            _ => plan,
+        }
     }
 }
 
@@ -213,6 +239,7 @@ mod tests {
             name: "t".into(),
             tier: Tier::Free,
             custom_rpm: None,
+            owner: KeyOwner::Operator,
             secret_hash: new.secret_hash.clone(),
             created_at: chrono::Utc::now(),
             revoked_at: None,

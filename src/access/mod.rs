@@ -5,6 +5,8 @@
 //! that applies it to a request.
 
 pub mod accounts;
+pub mod allowance;
+pub(crate) mod client;
 pub(crate) mod key_cache;
 pub mod keys;
 pub mod plan;
@@ -12,7 +14,8 @@ pub(crate) mod ratelimit;
 pub(crate) mod usage;
 
 pub use accounts::{Account, AccountId, Email, Password, PasswordHash, Role};
+pub use allowance::{Allowance, Bucket, KeyRequestError};
 pub(crate) use key_cache::KeyCache;
-pub use keys::{ApiKeyRecord, KeyId};
+pub use keys::{ApiKeyRecord, KeyId, KeyOwner};
 pub use plan::{Plan, PlanError, Tier};
 pub use usage::{Endpoint, UsageEvent};

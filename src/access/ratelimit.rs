@@ -16,6 +16,9 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 use redis::aio::ConnectionManager;
 use tokio::sync::Mutex as AsyncMutex;
 
+use super::allowance::Allowance;
+use super::client::{client_key, ClientKey};
+
 /// How long one Redis round trip may take before the local limiter decides.
 const REDIS_TIMEOUT: Duration = Duration::from_millis(250);
 /// How often to try to (re)connect to Redis while it is away.
@@ -260,6 +263,33 @@ impl RateLimiter {
         self.check_n(bucket, rpm, 1).await
     }
 
+    /// Counts one request against a key's allowance: its own lower limit
+    /// first, if it has one, so that a request it refuses costs its account
+    /// nothing; then its plan's bucket (the account's, for a customer's
+    /// key). The answer is the bucket that binds: the one that refused,
+    /// else the one with less left (the plan's on a tie), so that the
+    /// headers show the account's numbers unless the key's own are tighter.
+    /// (A request the account then refuses has spent a unit of the key's
+    /// own bucket: at worst the key's own limit is met a little early.)
+    pub async fn check_requests(&self, allowance: &Allowance) -> Decision {
+        let own = match &allowance.own_requests {
+            Some(bucket) => {
+                let decision = self.check(&bucket.name, bucket.per_minute).await;
+                if !decision.allowed {
+                    return decision;
+                }
+                Some(decision)
+            }
+            None => None,
+        };
+        let plan = &allowance.requests;
+        let decision = self.check(&plan.name, plan.per_minute).await;
+        match own {
+            Some(own) if decision.allowed && own.remaining < decision.remaining => own,
+            _ => decision,
+        }
+    }
+
     /// Counts `cost` units against `bucket`'s allowance of `per_minute`
     /// (GCRA with a burst of one minute's allowance): characters per minute
     /// beside requests per minute. A cost over `per_minute` is refused.
@@ -290,15 +320,22 @@ impl RateLimiter {
 /// Database look-ups in flight at once on behalf of blocked addresses.
 const BLOCKED_LOOKUP_SLOTS: usize = 2;
 
-/// Failed authentications per client address. Past the allowance an address
-/// is blocked until its allowance refills: its requests without a valid key
-/// get 429, and its keys that are not cached are looked up only through a
-/// couple of shared slots. The limiter spares the database; it never refuses
-/// a valid key (behind a NAT or a proxy, one address is many clients, and
-/// guessing a 256-bit secret is hopeless anyway).
+/// How often [`FailedAuthLimiter::prune`] runs: the allowance refills
+/// within a minute, so state older than that is a fresh start anyway.
+pub const FAILED_AUTH_PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Failed authentications per client (an IPv4 address, or an IPv6 /64:
+/// [`client_key`]). Past the allowance a client is blocked until its
+/// allowance refills: its requests without a valid key get 429, and its
+/// keys that are not cached are looked up only through a couple of shared
+/// slots. The limiter spares the database; it never refuses a valid key
+/// (behind a NAT or a proxy, one address is many clients, and guessing a
+/// 256-bit secret is hopeless anyway). What it remembers is pruned on a
+/// timer ([`FailedAuthLimiter::spawn_pruning`]), so clients that come and
+/// go cannot grow it without end.
 pub struct FailedAuthLimiter {
-    limiter: DefaultKeyedRateLimiter<IpAddr>,
-    blocked_until: Mutex<HashMap<IpAddr, Instant>>,
+    limiter: DefaultKeyedRateLimiter<ClientKey>,
+    blocked_until: Mutex<HashMap<ClientKey, Instant>>,
     lookup_slots: tokio::sync::Semaphore,
 }
 
@@ -320,32 +357,69 @@ impl FailedAuthLimiter {
             .expect("the semaphore is never closed")
     }
 
-    /// `Some(wait)` while the address is blocked.
+    /// `Some(wait)` while the address's client is blocked.
     pub fn blocked(&self, address: IpAddr) -> Option<Duration> {
+        let client = client_key(address);
         let mut blocked = self.blocked_until.lock().unwrap_or_else(|e| e.into_inner());
-        let until = *blocked.get(&address)?;
+        let until = *blocked.get(&client)?;
         let now = Instant::now();
         if until > now {
             Some(until - now)
         } else {
-            blocked.remove(&address);
+            blocked.remove(&client);
             None
         }
     }
 
     /// Records a failure; `Some(wait)` when this one exhausted the allowance.
     pub fn record_failure(&self, address: IpAddr) -> Option<Duration> {
+        let client = client_key(address);
         let clock = self.limiter.clock();
-        let not_until = self.limiter.check_key(&address).err()?;
+        let not_until = self.limiter.check_key(&client).err()?;
         let wait = not_until.wait_time_from(clock.now());
         let mut blocked = self.blocked_until.lock().unwrap_or_else(|e| e.into_inner());
-        if blocked.len() > 100_000 {
-            let now = Instant::now();
-            blocked.retain(|_, until| *until > now);
-            self.limiter.retain_recent();
-        }
-        blocked.insert(address, Instant::now() + wait);
+        blocked.insert(client, Instant::now() + wait);
         Some(wait)
+    }
+
+    /// Forgets the clients whose blocks have ended and whose allowance is
+    /// whole again: for them, remembering and forgetting are the same.
+    pub fn prune(&self) {
+        let now = Instant::now();
+        self.blocked_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, until| *until > now);
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
+    }
+
+    /// Clients remembered (counted failures or blocks), for tests.
+    pub fn remembered(&self) -> usize {
+        let blocked = self
+            .blocked_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        blocked.max(self.limiter.len())
+    }
+
+    /// Prunes every `every` until `shutdown`.
+    pub fn spawn_pruning(
+        limiter: Arc<FailedAuthLimiter>,
+        every: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = ticks.tick() => limiter.prune(),
+                }
+            }
+        });
     }
 }
 
@@ -413,5 +487,50 @@ mod tests {
         assert!(limiter.record_failure(address).is_some());
         assert!(limiter.blocked(address).is_some());
         assert!(limiter.blocked("192.0.2.2".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn failed_auth_counts_an_ipv6_host_by_its_64() {
+        let limiter = FailedAuthLimiter::new(3);
+        let in_64 = |n: u16| IpAddr::from([0x2001, 0xdb8, 1, 2, n, 0, 0, 1]);
+        assert!((1..=3).all(|n| limiter.record_failure(in_64(n)).is_none()));
+        assert!(
+            limiter.record_failure(in_64(4)).is_some(),
+            "a fourth address of the same /64 is the same client"
+        );
+        assert!(limiter.blocked(in_64(999)).is_some());
+        let next_64 = IpAddr::from([0x2001, 0xdb8, 1, 3, 0, 0, 0, 1]);
+        assert!(limiter.blocked(next_64).is_none());
+        assert!(limiter.record_failure(next_64).is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_auth_forgets_clients_on_a_timer() {
+        // 600 a minute: a client's single failure is a fresh start again
+        // after 100 ms. (A client that used its whole allowance is kept
+        // until the allowance is whole again, a minute later.)
+        let limiter = Arc::new(FailedAuthLimiter::new(600));
+        for n in 0..5_000u32 {
+            let address = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            limiter.record_failure(address);
+        }
+        assert_eq!(limiter.remembered(), 5_000);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        FailedAuthLimiter::spawn_pruning(
+            limiter.clone(),
+            Duration::from_millis(50),
+            shutdown.clone(),
+        );
+        let mut waited = Duration::ZERO;
+        while limiter.remembered() > 0 && waited < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            waited += Duration::from_millis(20);
+        }
+        shutdown.cancel();
+        assert_eq!(
+            limiter.remembered(),
+            0,
+            "nothing is kept once it is a fresh start"
+        );
     }
 }

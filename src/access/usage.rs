@@ -526,6 +526,7 @@ mod tests {
                 name: "k".into(),
                 tier: Tier::Free,
                 custom_rpm: None,
+                owner: crate::access::KeyOwner::Operator,
                 secret_hash: vec![0; 32],
                 created_at: chrono::Utc::now(),
                 revoked_at: None,

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::keys::{
     account_key, create_key_for, key_rows, keys_base, revoke_key_of, revoke_page, when,
-    CreateKeyForm, RevokeTarget,
+    CreateKeyForm, KeyRefused, RevokeTarget,
 };
 use super::pages::{
     render, AccountPage, AccountRow, AccountsPage, NewKeyView, SetPasswordPage, TierOption,
@@ -306,8 +306,11 @@ pub async fn create_key(
     let listing = target_account(&state, &id).await?;
     let account = &listing.account;
     let created = match key_creation_refusal(account) {
-        Some(refusal) => Err(refusal.to_owned()),
-        None => create_key_for(&state, &account.id, &form.name).await?,
+        Some(refusal) => Err(KeyRefused {
+            status: StatusCode::BAD_REQUEST,
+            message: refusal.to_owned(),
+        }),
+        None => create_key_for(&state, account, &form).await?,
     };
     let (status, extras) = match created {
         Ok(new_key) => {
@@ -318,12 +321,12 @@ pub async fn create_key(
             };
             (StatusCode::OK, extras)
         }
-        Err(message) => {
+        Err(refused) => {
             let extras = AccountPageExtras {
-                key_error: Some(message),
+                key_error: Some(refused.message),
                 ..AccountPageExtras::default()
             };
-            (StatusCode::BAD_REQUEST, extras)
+            (refused.status, extras)
         }
     };
     account_page(&state, &admin, &listing, status, extras).await

@@ -10,10 +10,11 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::pages::{render, KeyRow, KeysPage, NewKeyView, PlanPage, RevokePage};
 use super::session::{CsrfForm, SignedIn};
-use crate::access::{AccountId, KeyId};
+use crate::access::allowance::check_own_rpm;
+use crate::access::{Account, AccountId, KeyId, KeyRequestError};
 use crate::config::Plans;
 use crate::http::AppState;
-use crate::store::{AccountKey, NewAccountKey};
+use crate::store::{AccountKey, AccountKeyInsert, NewAccountKey};
 
 const MAX_KEY_NAME_CHARS: usize = 100;
 
@@ -75,38 +76,89 @@ pub async fn list(State(state): State<AppState>, user: SignedIn) -> Result<Respo
 pub struct CreateKeyForm {
     #[serde(default)]
     pub name: String,
+    /// A lower limit of the key's own (empty: the plan's).
+    #[serde(default)]
+    pub rpm: String,
     #[serde(default)]
     pub csrf_token: String,
 }
 
-/// Makes a key for `account` exactly as `moderato keys create` does, owned by
-/// the account and on its plan, and returns its secret to show this once.
-/// `Ok(Err(message))` when the name is not acceptable.
+/// Why a key was not made: what the form said (400), or the account's cap
+/// (409). The message is shown on the page.
+pub struct KeyRefused {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl KeyRefused {
+    fn invalid(message: String) -> KeyRefused {
+        KeyRefused {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        }
+    }
+}
+
+/// Makes a key for `account`, owned by it and drawing on its plan's
+/// allowance (with the form's lower limit of its own, if any), and returns
+/// its secret to show this once. `Ok(Err(_))` when the form is not
+/// acceptable or the account holds as many keys as its plan allows.
 pub async fn create_key_for(
     state: &AppState,
-    account: &AccountId,
-    name: &str,
-) -> Result<Result<NewKeyView, String>, DashError> {
-    let name = name.trim();
+    account: &Account,
+    form: &CreateKeyForm,
+) -> Result<Result<NewKeyView, KeyRefused>, DashError> {
+    let name = form.name.trim();
     if name.is_empty() || name.chars().count() > MAX_KEY_NAME_CHARS {
-        return Ok(Err(format!(
+        return Ok(Err(KeyRefused::invalid(format!(
             "Give the key a name of 1 to {MAX_KEY_NAME_CHARS} characters."
-        )));
+        ))));
     }
+    let plan = account.plan;
+    let own_rpm = match form.rpm.trim() {
+        "" => None,
+        text => match text.parse::<u32>() {
+            Ok(rpm) => Some(rpm),
+            Err(_) => {
+                let error = KeyRequestError::OwnLimitTooHigh {
+                    plan_rpm: plan.rpm(&state.plans),
+                    tier: plan.tier(),
+                };
+                return Ok(Err(KeyRefused::invalid(error.to_string())));
+            }
+        },
+    };
+    let key_rpm = match check_own_rpm(own_rpm, plan.tier(), plan.custom_rpm(), &state.plans) {
+        Ok(rpm) => rpm,
+        Err(error) => return Ok(Err(KeyRefused::invalid(error.to_string()))),
+    };
     let new = crate::access::keys::generate(&state.pepper);
-    state
+    let max_keys = state.max_keys_per_account.of(plan.tier());
+    let key = NewAccountKey {
+        id: new.id.clone(),
+        name: name.to_owned(),
+        key_rpm,
+        secret_hash: new.secret_hash,
+        created_at: Utc::now(),
+    };
+    match state
         .store
-        .insert_account_key(
-            account,
-            &NewAccountKey {
-                id: new.id.clone(),
-                name: name.to_owned(),
-                secret_hash: new.secret_hash,
-                created_at: Utc::now(),
-            },
-        )
-        .await?;
-    tracing::info!(account = %account, key = %new.id, "key created in the dashboard");
+        .insert_account_key(&account.id, &key, max_keys)
+        .await?
+    {
+        AccountKeyInsert::Created => {}
+        AccountKeyInsert::AccountFull => {
+            let error = KeyRequestError::TooManyKeys {
+                max: max_keys,
+                tier: plan.tier(),
+            };
+            return Ok(Err(KeyRefused {
+                status: StatusCode::CONFLICT,
+                message: error.to_string(),
+            }));
+        }
+    }
+    tracing::info!(account = %account.id, key = %new.id, "key created in the dashboard");
     Ok(Ok(NewKeyView {
         id: new.id.to_string(),
         secret: new.full_key,
@@ -119,9 +171,9 @@ pub async fn create(
     Form(form): Form<CreateKeyForm>,
 ) -> Result<Response, DashError> {
     user.check_csrf(&form.csrf_token)?;
-    match create_key_for(&state, &user.account.id, &form.name).await? {
+    match create_key_for(&state, &user.account, &form).await? {
         Ok(shown) => keys_page(&state, &user, StatusCode::OK, Some(shown), None).await,
-        Err(error) => keys_page(&state, &user, StatusCode::BAD_REQUEST, None, Some(error)).await,
+        Err(refused) => keys_page(&state, &user, refused.status, None, Some(refused.message)).await,
     }
 }
 
@@ -213,6 +265,7 @@ pub async fn plan(State(state): State<AppState>, user: SignedIn) -> Result<Respo
         rpm: plan.rpm(&state.plans),
         custom_rpm: plan.custom_rpm().is_some(),
         chars_per_minute: state.budget.chars_per_minute.of(plan.tier()),
+        max_keys: state.max_keys_per_account.of(plan.tier()),
     };
     Ok(render(&page))
 }

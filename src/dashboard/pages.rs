@@ -147,6 +147,8 @@ pub struct PlanPage {
     pub rpm: u32,
     pub custom_rpm: bool,
     pub chars_per_minute: u32,
+    /// Keys (not revoked) the account may hold.
+    pub max_keys: u32,
 }
 
 #[derive(Template)]

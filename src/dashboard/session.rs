@@ -37,9 +37,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::attempts::client_key;
 use super::error::DashError;
 use super::pages::{render, LoginPage, Nav};
+use crate::access::client::client_key;
 use crate::access::{Account, Email, Password, Role};
 use crate::http::auth::client_address;
 use crate::http::AppState;
@@ -244,7 +244,8 @@ pub async fn login(
     Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
     check_form_token(&headers, &form.csrf_token)?;
-    let address = client_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
+    let address =
+        client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
     // Failures are keyed by the address as typed (lower-cased), so that
     // unknown addresses are locked out like known ones.
     let email_key = form.email.trim().to_lowercase();

@@ -25,10 +25,10 @@ use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 
 use super::admin::insert_new_account;
-use super::attempts::client_key;
 use super::error::DashError;
 use super::pages::{render, SignupPage};
 use super::session::{check_form_token, new_form_token, retry_after, CredentialsForm};
+use crate::access::client::client_key;
 
 use crate::access::{Email, Password, Plan, Role, Tier};
 use crate::config::Signup;
@@ -77,7 +77,8 @@ pub async fn signup(
 ) -> Result<Response, DashError> {
     signup_open(&state)?;
     check_form_token(&headers, &form.csrf_token)?;
-    let address = client_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
+    let address =
+        client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
     let now = Utc::now();
     let window = chrono::Duration::from_std(SIGN_UP_WINDOW).expect("one hour");
     let earlier = state.store.sign_ups(&address, now - window).await?;

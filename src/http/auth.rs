@@ -20,15 +20,15 @@ use super::AppState;
 use crate::access::keys::PresentedKey;
 use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
-use crate::access::{ApiKeyRecord, Endpoint, UsageEvent};
+use crate::access::{Allowance, ApiKeyRecord, Endpoint, UsageEvent};
 use crate::config::IpBlock;
 use crate::metrics::names;
 
 pub const API_KEY_HEADER: &str = "x-api-key";
 
-/// The authenticated key, for handlers that want it.
+/// The authenticated key and the buckets it draws on, for handlers.
 #[derive(Clone, Debug)]
-pub struct AuthenticatedKey(pub ApiKeyRecord);
+pub struct AuthenticatedKey(pub ApiKeyRecord, pub Allowance);
 
 pub async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -77,14 +77,14 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         let full = ApiError::ServiceUnavailable("usage queue full".into());
         return refuse(request, full, &state).await;
     };
-    let rpm = record.effective_rpm(&state.plans);
-    let decision = state.limiter.check(record.id.as_str(), rpm).await;
+    let allowance = Allowance::of(&record, &state.plans, &state.budget.chars_per_minute);
+    let decision = state.limiter.check_requests(&allowance).await;
 
     let mut response = if decision.allowed {
         let mut request = request;
         request
             .extensions_mut()
-            .insert(AuthenticatedKey(record.clone()));
+            .insert(AuthenticatedKey(record.clone(), allowance));
         next.run(request).await
     } else {
         let limited = ApiError::RateLimited {
@@ -253,7 +253,9 @@ fn parse_forwarded_entry(entry: &str) -> Option<IpAddr> {
         .or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
 
-/// `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit` fields.
+/// `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit`
+/// fields, of the bucket that binds (see `RateLimiter::check_requests`): a
+/// customer's key shows its account's allowance.
 fn add_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
     let reset_in = if decision.reset_after.is_zero() {
         0

@@ -39,7 +39,7 @@ use crate::access::keys::Pepper;
 use crate::access::ratelimit::{FailedAuthLimiter, RateLimiter};
 use crate::access::usage::UsageRecorder;
 use crate::access::Endpoint;
-use crate::config::{BudgetConfig, DashboardConfig, IpBlock, Limits, Plans};
+use crate::config::{BudgetConfig, DashboardConfig, IpBlock, KeysPerAccount, Limits, Plans};
 use crate::moderation::engine::Engine;
 use crate::moderation::image::remote::RemoteImages;
 use crate::signing::ResponseSigner;
@@ -58,8 +58,10 @@ pub struct Shared {
     pub keys: crate::access::KeyCache,
     pub pepper: Pepper,
     pub plans: Plans,
+    pub max_keys_per_account: KeysPerAccount,
     pub limiter: RateLimiter,
-    pub failed_auth: FailedAuthLimiter,
+    /// Shared with its pruning timer.
+    pub failed_auth: Arc<FailedAuthLimiter>,
     pub usage: UsageRecorder,
     pub trusted_proxies: Vec<IpBlock>,
     pub body_read_timeout: Duration,

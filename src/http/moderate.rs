@@ -398,8 +398,7 @@ pub async fn moderate(
         .map(InputItem::into_item)
         .collect();
     let scored =
-        match pipeline::moderate(&state, &key.0, items, request.analyze_images, &field_name).await?
-        {
+        match pipeline::moderate(&state, &key, items, request.analyze_images, &field_name).await? {
             Ok(scored) => scored,
             Err(refused) => return Ok(refused),
         };

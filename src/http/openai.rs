@@ -533,7 +533,7 @@ pub async fn moderations(
 ) -> Result<Response, ApiError> {
     let (shape, items) = request.input.into_items(&state.remote_images)?;
     let field = |index: usize, kind: ItemKind| shape.field_name(index, kind);
-    let scored = match pipeline::moderate(&state, &key.0, items, false, &field).await? {
+    let scored = match pipeline::moderate(&state, &key, items, false, &field).await? {
         Ok(scored) => scored,
         Err(refused) => return Ok(refused),
     };

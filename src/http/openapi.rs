@@ -237,7 +237,9 @@ fn rate_limit_headers() -> [(&'static str, Header); 5] {
     [
         (
             "X-RateLimit-Limit",
-            integer_header("The key's requests per minute."),
+            integer_header(
+                "Requests per minute of the allowance the key draws on: its account's, shared by all the account's keys (an operator key: its own), or the key's own lower limit when that is what binds.",
+            ),
         ),
         (
             "X-RateLimit-Remaining",

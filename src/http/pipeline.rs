@@ -8,11 +8,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use super::auth::AuthenticatedKey;
 use super::error::ApiError;
 use super::AppState;
 use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
-use crate::access::ApiKeyRecord;
+use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
 use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
 use crate::moderation::image::decode::ImageError;
@@ -66,7 +67,7 @@ impl Scored {
 /// already a response, carrying its usage counts.
 pub async fn moderate(
     state: &AppState,
-    key: &ApiKeyRecord,
+    key: &AuthenticatedKey,
     items: Vec<Item>,
     analyze_images: bool,
     field: FieldName<'_>,
@@ -122,29 +123,35 @@ fn count_scored(stats: &UsageStats, moderation: &Moderation) {
     }
 }
 
-/// Counts the request's text characters against its key's allowance per
-/// minute (beside the requests per minute the auth layer counts). `Err` is
-/// a request that can never fit (413); `Ok(Err)` a 429 to answer now;
-/// `Ok(Ok(None))` a request without text.
+/// Counts the request's text characters against the allowance per minute
+/// its key draws on (its account's, for a customer's key), beside the
+/// requests per minute the auth layer counts. `Err` is a request that can
+/// never fit (413); `Ok(Err)` a 429 to answer now; `Ok(Ok(None))` a request
+/// without text.
 async fn charge_characters(
     state: &AppState,
-    key: &ApiKeyRecord,
+    key: &AuthenticatedKey,
     chars: u64,
 ) -> Result<Result<Option<Decision>, ApiError>, ApiError> {
     if chars == 0 {
         return Ok(Ok(None));
     }
-    let per_minute = state.budget.chars_per_minute.of(key.tier);
+    let AuthenticatedKey(record, allowance) = key;
+    let bucket = &allowance.characters;
+    let per_minute = bucket.per_minute;
     if chars > u64::from(per_minute) {
+        let whose = match record.owner {
+            KeyOwner::Operator => "this key's",
+            KeyOwner::Account { .. } => "this account's",
+        };
         return Err(ApiError::PayloadTooLarge(format!(
-            "input: {chars} characters of text is more than this key's allowance of {per_minute} characters per minute ({} plan); send less text per request",
-            key.tier
+            "input: {chars} characters of text is more than {whose} allowance of {per_minute} characters per minute ({} plan); send less text per request",
+            record.tier
         )));
     }
-    let bucket = format!("chars:{}", key.id);
     let decision = state
         .limiter
-        .check_n(&bucket, per_minute, chars as u32)
+        .check_n(&bucket.name, per_minute, chars as u32)
         .await;
     Ok(if decision.allowed {
         Ok(Some(decision))

@@ -8,7 +8,42 @@ use chrono::{DateTime, Utc};
 use std::str::FromStr;
 
 use super::StoreError;
-use crate::access::{AccountId, Email, Endpoint, KeyId, Plan, Tier, UsageEvent};
+use crate::access::{
+    AccountId, ApiKeyRecord, Email, Endpoint, KeyId, KeyOwner, Plan, Tier, UsageEvent,
+};
+
+/// A key's columns. `revoked_at` stands for "refused since": the key's own
+/// revocation, else its account's disabling. A customer's key reads its
+/// plan from its account (`tier`, `custom_rpm`), and its own `custom_rpm`
+/// is a lower limit (`key_rpm`); an operator key's columns are its own plan.
+pub(super) const KEY_SELECT: &str = "SELECT k.id, k.name, k.account_id, \
+     CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN k.tier ELSE a.tier END AS tier, \
+     CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN k.custom_rpm ELSE a.custom_rpm END AS custom_rpm, \
+     CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN NULL ELSE k.custom_rpm END AS key_rpm, \
+     k.secret_hash, k.created_at, COALESCE(k.revoked_at, a.disabled_at) AS revoked_at \
+     FROM api_keys k JOIN accounts a ON a.id = k.account_id";
+
+/// Whose allowance a stored key draws on.
+pub(super) fn key_owner(account_id: &str, key_rpm: Option<u32>) -> Result<KeyOwner, StoreError> {
+    let id = parse_account_id(account_id)?;
+    Ok(if id.is_operator() {
+        KeyOwner::Operator
+    } else {
+        KeyOwner::Account { id, key_rpm }
+    })
+}
+
+/// `insert_key` stores operator keys only: a customer's key must go through
+/// `insert_account_key`, which counts it against its account's cap.
+pub(super) fn operator_key_only(key: &ApiKeyRecord) -> Result<(), StoreError> {
+    match key.owner {
+        KeyOwner::Operator => Ok(()),
+        KeyOwner::Account { .. } => Err(StoreError::Other(format!(
+            "key {} belongs to an account: store it with insert_account_key",
+            key.id
+        ))),
+    }
+}
 
 /// How long a caller waits for a pooled connection (or for the database to
 /// answer when connecting) before getting `StoreError::Unavailable`.

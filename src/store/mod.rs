@@ -55,14 +55,25 @@ pub struct BillingRow {
     pub rate_limited: u64,
 }
 
-/// A key made in the dashboard: its plan is taken from its account's row in
-/// the same statement, so it cannot miss a concurrent plan change.
+/// A key for a customer account (made in the dashboard, or by the CLI with
+/// `--account`): its plan is its account's, read from the account's row.
 #[derive(Clone, Debug)]
 pub struct NewAccountKey {
     pub id: KeyId,
     pub name: String,
+    /// A lower limit of the key's own (checked against the plan by the caller).
+    pub key_rpm: Option<u32>,
     pub secret_hash: Vec<u8>,
     pub created_at: DateTime<Utc>,
+}
+
+/// What became of a new account key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccountKeyInsert {
+    Created,
+    /// The account already holds the most keys (not revoked) it may:
+    /// nothing was stored.
+    AccountFull,
 }
 
 /// A key as its owner sees it: the record and when it was last used (the
@@ -127,6 +138,9 @@ pub trait Store: Send + Sync + 'static {
     /// Cheap round trip, for `/ready`.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Stores an operator key (`KeyOwner::Operator`, with its own plan);
+    /// a customer's key goes through [`Store::insert_account_key`], which
+    /// counts it against the account's cap.
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError>;
     async fn get_key(&self, id: &KeyId) -> Result<Option<ApiKeyRecord>, StoreError>;
     /// All keys, revoked ones included, oldest first.
@@ -134,7 +148,8 @@ pub trait Store: Send + Sync + 'static {
     /// Marks the key revoked now. `Ok(false)` if there is no such key;
     /// revoking twice keeps the first time.
     async fn revoke_key(&self, id: &KeyId) -> Result<bool, StoreError>;
-    /// Changes plan and custom limit. `Ok(false)` if there is no such key.
+    /// Changes an operator key's plan and custom limit. `Ok(false)` if
+    /// there is no such operator key (a customer's key has its account's plan).
     async fn set_tier(
         &self,
         id: &KeyId,
@@ -172,21 +187,24 @@ pub trait Store: Send + Sync + 'static {
         id: &AccountId,
         hash: &PasswordHash,
     ) -> Result<bool, StoreError>;
-    /// Sets the account's plan and, in the same transaction, the plan of
-    /// every key it owns. `Ok(false)` if there is no such account or it is
-    /// the operator account (whose CLI keys each keep their own plan).
+    /// Sets the account's plan, which every key it owns reads from it.
+    /// `Ok(false)` if there is no such account or it is the operator
+    /// account (whose CLI keys each keep their own plan).
     async fn set_account_plan(&self, id: &AccountId, plan: Plan) -> Result<bool, StoreError>;
     /// Disables the account (keeping the first time) and ends its sessions.
     /// `Ok(false)` if there is no such account.
     async fn disable_account(&self, id: &AccountId) -> Result<bool, StoreError>;
 
-    /// Stores a key owned by `account`, with the account's plan.
+    /// Stores a key owned by `account` unless the account already holds
+    /// `max_keys` keys that are not revoked (counted and inserted
+    /// atomically, so concurrent requests cannot pass the cap together).
     /// `StoreError::Conflict` if the account does not exist.
     async fn insert_account_key(
         &self,
         account: &AccountId,
         key: &NewAccountKey,
-    ) -> Result<(), StoreError>;
+        max_keys: u32,
+    ) -> Result<AccountKeyInsert, StoreError>;
     /// The account's keys, oldest first.
     async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError>;
     /// Revokes a key only if `account` owns it; `Ok(false)` otherwise.

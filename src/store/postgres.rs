@@ -8,12 +8,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, map_migrate, map_sqlx, parse_account_id, parse_email,
-    parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
+    custom_rpm_to_sql, from_stored, key_owner, map_migrate, map_sqlx, operator_key_only,
+    parse_account_id, parse_email, parse_key_id, redact_error, stored_plan, UsageRow,
+    ACQUIRE_TIMEOUT, KEY_SELECT,
 };
 use super::{
-    AccountKey, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession, Period, Session,
-    SignInFailures, Store, StoreError,
+    AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
+    Period, Session, SignInFailures, Store, StoreError,
 };
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
@@ -24,11 +25,6 @@ const MAX_CONNECTIONS: u32 = 16;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// A key's columns, with `revoked_at` standing for "refused since": the
-/// key's own revocation, else its account's disabling.
-const KEY_SELECT: &str = "SELECT k.id, k.name, k.tier, k.custom_rpm, k.secret_hash, k.created_at, \
-     COALESCE(k.revoked_at, a.disabled_at) AS revoked_at \
-     FROM api_keys k JOIN accounts a ON a.id = k.account_id";
 const ACCOUNT_COLUMNS: &str =
     "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
@@ -95,6 +91,7 @@ impl Store for PostgresStore {
     }
 
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        operator_key_only(key)?;
         sqlx::query(
             "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -148,13 +145,16 @@ impl Store for PostgresStore {
         tier: Tier,
         custom_rpm: Option<u32>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE api_keys SET tier = $2, custom_rpm = $3 WHERE id = $1")
-            .bind(id.as_str())
-            .bind(tier.as_str())
-            .bind(custom_rpm_to_sql(custom_rpm)?)
-            .execute(&self.pool)
-            .await
-            .map_err(map_sqlx)?;
+        let done = sqlx::query(
+            "UPDATE api_keys SET tier = $2, custom_rpm = $3 WHERE id = $1 AND account_id = $4",
+        )
+        .bind(id.as_str())
+        .bind(tier.as_str())
+        .bind(custom_rpm_to_sql(custom_rpm)?)
+        .bind(AccountId::OPERATOR)
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -338,10 +338,11 @@ impl Store for PostgresStore {
         if done.rows_affected() == 0 {
             return Ok(false);
         }
-        sqlx::query("UPDATE api_keys SET tier = $2, custom_rpm = $3 WHERE account_id = $1")
+        // The tier column of its keys is informational only (keys read
+        // their plan from the account): kept in step for people reading SQL.
+        sqlx::query("UPDATE api_keys SET tier = $2 WHERE account_id = $1")
             .bind(id.as_str())
             .bind(tier)
-            .bind(rpm)
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
@@ -372,23 +373,47 @@ impl Store for PostgresStore {
         &self,
         account: &AccountId,
         key: &NewAccountKey,
-    ) -> Result<(), StoreError> {
-        let done = sqlx::query(
+        max_keys: u32,
+    ) -> Result<AccountKeyInsert, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        // The account's row, locked until commit: concurrent key requests
+        // of one account count one after the other, so they cannot pass
+        // the cap together (under READ COMMITTED a bare count would let them).
+        let tier: Option<String> =
+            sqlx::query_scalar("SELECT tier FROM accounts WHERE id = $1 FOR UPDATE")
+                .bind(account.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+        let Some(tier) = tier else {
+            return Err(StoreError::Conflict(format!("no account {account}")));
+        };
+        let active: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL",
+        )
+        .bind(account.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        if active >= i64::from(max_keys) {
+            return Ok(AccountKeyInsert::AccountFull);
+        }
+        sqlx::query(
             "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, account_id) \
-             SELECT $1, $2, tier, custom_rpm, $3, $4, id FROM accounts WHERE id = $5",
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(key.id.as_str())
         .bind(&key.name)
+        .bind(tier)
+        .bind(custom_rpm_to_sql(key.key_rpm)?)
         .bind(&key.secret_hash)
         .bind(key.created_at)
         .bind(account.as_str())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!("no account {account}")));
-        }
-        Ok(())
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(AccountKeyInsert::Created)
     }
 
     async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError> {
@@ -756,6 +781,9 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
     let id: String = row.try_get("id").map_err(map_sqlx)?;
     let tier: String = row.try_get("tier").map_err(map_sqlx)?;
     let custom_rpm: Option<i32> = row.try_get("custom_rpm").map_err(map_sqlx)?;
+    let account_id: String = row.try_get("account_id").map_err(map_sqlx)?;
+    let key_rpm: Option<i32> = row.try_get("key_rpm").map_err(map_sqlx)?;
+    let key_rpm = key_rpm.map(|v| from_stored(v, "custom_rpm")).transpose()?;
     Ok(ApiKeyRecord {
         id: parse_key_id(&id)?,
         name: row.try_get("name").map_err(map_sqlx)?,
@@ -763,6 +791,7 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
         custom_rpm: custom_rpm
             .map(|v| from_stored(v, "custom_rpm"))
             .transpose()?,
+        owner: key_owner(&account_id, key_rpm)?,
         secret_hash: row.try_get("secret_hash").map_err(map_sqlx)?,
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
         revoked_at: row.try_get("revoked_at").map_err(map_sqlx)?,

@@ -16,12 +16,13 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, is_sqlite_busy, map_migrate, map_sqlx, parse_account_id,
-    parse_email, parse_key_id, redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT,
+    custom_rpm_to_sql, from_stored, is_sqlite_busy, key_owner, map_migrate, map_sqlx,
+    operator_key_only, parse_account_id, parse_email, parse_key_id, redact_error, stored_plan,
+    UsageRow, ACQUIRE_TIMEOUT, KEY_SELECT,
 };
 use super::{
-    AccountKey, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession, Period, Session,
-    SignInFailures, Store, StoreError,
+    AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
+    Period, Session, SignInFailures, Store, StoreError,
 };
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
@@ -49,11 +50,6 @@ const MAX_RETRY_DELAY: Duration = Duration::from_millis(800);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// A key's columns, with `revoked_at` standing for "refused since": the
-/// key's own revocation, else its account's disabling.
-const KEY_SELECT: &str = "SELECT k.id, k.name, k.tier, k.custom_rpm, k.secret_hash, k.created_at, \
-     COALESCE(k.revoked_at, a.disabled_at) AS revoked_at \
-     FROM api_keys k JOIN accounts a ON a.id = k.account_id";
 const ACCOUNT_COLUMNS: &str =
     "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
@@ -202,6 +198,7 @@ impl Store for SqliteStore {
     }
 
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        operator_key_only(key)?;
         sqlx::query(
             "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -255,13 +252,16 @@ impl Store for SqliteStore {
         tier: Tier,
         custom_rpm: Option<u32>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE api_keys SET tier = ?, custom_rpm = ? WHERE id = ?")
-            .bind(tier.as_str())
-            .bind(custom_rpm_to_sql(custom_rpm)?)
-            .bind(id.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(map_sqlx)?;
+        let done = sqlx::query(
+            "UPDATE api_keys SET tier = ?, custom_rpm = ? WHERE id = ? AND account_id = ?",
+        )
+        .bind(tier.as_str())
+        .bind(custom_rpm_to_sql(custom_rpm)?)
+        .bind(id.as_str())
+        .bind(AccountId::OPERATOR)
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -449,9 +449,10 @@ impl Store for SqliteStore {
         if done.rows_affected() == 0 {
             return Ok(false);
         }
-        sqlx::query("UPDATE api_keys SET tier = ?, custom_rpm = ? WHERE account_id = ?")
+        // The tier column of its keys is informational only (keys read
+        // their plan from the account): kept in step for people reading SQL.
+        sqlx::query("UPDATE api_keys SET tier = ? WHERE account_id = ?")
             .bind(tier)
-            .bind(rpm)
             .bind(id.as_str())
             .execute(&mut *tx)
             .await
@@ -486,23 +487,32 @@ impl Store for SqliteStore {
         &self,
         account: &AccountId,
         key: &NewAccountKey,
-    ) -> Result<(), StoreError> {
+        max_keys: u32,
+    ) -> Result<AccountKeyInsert, StoreError> {
+        // One statement counts and inserts; SQLite runs one writer at a
+        // time, so two requests cannot both see room for one more key.
         let done = sqlx::query(
             "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, account_id) \
-             SELECT ?, ?, tier, custom_rpm, ?, ?, id FROM accounts WHERE id = ?",
+             SELECT ?1, ?2, tier, ?3, ?4, ?5, id FROM accounts WHERE id = ?6 \
+             AND (SELECT COUNT(*) FROM api_keys WHERE account_id = ?6 AND revoked_at IS NULL) < ?7",
         )
         .bind(key.id.as_str())
         .bind(&key.name)
+        .bind(custom_rpm_to_sql(key.key_rpm)?)
         .bind(&key.secret_hash)
         .bind(timestamp(key.created_at))
         .bind(account.as_str())
+        .bind(i64::from(max_keys))
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!("no account {account}")));
+        if done.rows_affected() > 0 {
+            return Ok(AccountKeyInsert::Created);
         }
-        Ok(())
+        match self.get_account(account).await? {
+            Some(_) => Ok(AccountKeyInsert::AccountFull),
+            None => Err(StoreError::Conflict(format!("no account {account}"))),
+        }
     }
 
     async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError> {
@@ -855,6 +865,9 @@ fn key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
     let id: &str = row.try_get("id").map_err(map_sqlx)?;
     let tier: &str = row.try_get("tier").map_err(map_sqlx)?;
     let custom_rpm: Option<i64> = row.try_get("custom_rpm").map_err(map_sqlx)?;
+    let account_id: &str = row.try_get("account_id").map_err(map_sqlx)?;
+    let key_rpm: Option<i64> = row.try_get("key_rpm").map_err(map_sqlx)?;
+    let key_rpm = key_rpm.map(|v| from_stored(v, "custom_rpm")).transpose()?;
     let created_at: &str = row.try_get("created_at").map_err(map_sqlx)?;
     let revoked_at: Option<&str> = row.try_get("revoked_at").map_err(map_sqlx)?;
     Ok(ApiKeyRecord {
@@ -864,6 +877,7 @@ fn key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
         custom_rpm: custom_rpm
             .map(|v| from_stored(v, "custom_rpm"))
             .transpose()?,
+        owner: key_owner(account_id, key_rpm)?,
         secret_hash: row.try_get("secret_hash").map_err(map_sqlx)?,
         created_at: parse_timestamp(created_at)?,
         revoked_at: revoked_at.map(parse_timestamp).transpose()?,

@@ -33,6 +33,7 @@ pub async fn enterprise_key(
             name: name.into(),
             tier: moderato::access::Tier::Enterprise,
             custom_rpm: Some(rpm),
+            owner: moderato::access::KeyOwner::Operator,
             secret_hash: new.secret_hash.clone(),
             created_at: chrono::Utc::now(),
             revoked_at: None,

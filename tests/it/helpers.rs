@@ -261,6 +261,7 @@ impl TestApp {
             name: "test".into(),
             tier,
             custom_rpm: rpm,
+            owner: moderato::access::KeyOwner::Operator,
             secret_hash: new.secret_hash,
             created_at: chrono::Utc::now(),
             revoked_at: None,
@@ -313,6 +314,27 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
+}
+
+/// A second replica of `first`: the same database, pepper, signing key and
+/// Redis, its own usage journal. Returns its base URL and its shutdown.
+pub async fn spawn_second_replica(first: &TestApp) -> (String, CancellationToken) {
+    let mut config = first.config.clone();
+    config.usage.journal_dir = first._dir.path().join("second-journal");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    tokio::spawn(moderato::run(config, listener, shutdown.clone()));
+    for _ in 0..200 {
+        let ready = first.client.get(format!("{base}/ready")).send().await;
+        if ready.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (base, shutdown)
 }
 
 /// Status, headers and parsed body of a response.

@@ -127,7 +127,42 @@ async fn failed_authentication_is_limited_per_address(backend: Backend) {
     assert_eq!(app.moderate_text(&key, "x").await.status(), 200);
 }
 
+/// One host rotating through the addresses of its IPv6 /64 is one client
+/// to the failed-key limiter (issue 26, finding 3), as it is to the
+/// dashboard's sign-in lockout.
+async fn failed_authentication_counts_an_ipv6_64_as_one_client(backend: Backend) {
+    let app = spawn_app_with(backend, |c| {
+        c.auth.failed_auth_per_minute = 5;
+        c.auth.trusted_proxies =
+            vec![moderato::config::IpBlock::try_from("127.0.0.1".to_string()).unwrap()];
+    })
+    .await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let wrong = "mdr_0123456789abcdef_wrongwrongwrongwrongwrongwrongwrongwrong123";
+    let from = |key: &str, address: &str| {
+        app.client
+            .post(format!("{}/v1/moderate", app.base))
+            .header("x-api-key", key.to_string())
+            .header("x-forwarded-for", address.to_string())
+            .json(&json!({"input": [{"type": "text", "text": "x"}]}))
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for n in 1..=8 {
+        let address = format!("2001:db8:1:2:{n:x}:{n:x}:{n:x}:{n:x}");
+        statuses.push(from(wrong, &address).await.unwrap().status().as_u16());
+    }
+    assert_eq!(&statuses[..5], &[401; 5], "{statuses:?}");
+    assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    // Another /64 is another client; a valid key from the blocked one is served.
+    let other = from(wrong, "2001:db8:1:3::1").await.unwrap();
+    assert_eq!(other.status(), 401);
+    let valid = from(&key, "2001:db8:1:2::abcd").await.unwrap();
+    assert_eq!(valid.status(), 200);
+}
+
 on_both_backends!(
+    failed_authentication_counts_an_ipv6_64_as_one_client,
     free_plan_admits_exactly_its_burst_then_refills,
     enterprise_custom_limit_and_tier_change,
     error_responses_carry_rate_limit_headers,
@@ -141,26 +176,7 @@ async fn two_replicas_sharing_redis_admit_one_allowance() {
         c.redis_url = Some(moderato::config::Secret(redis_url()))
     })
     .await;
-    // Same database, pepper, signing key and Redis: a second replica.
-    let mut config = first.config.clone();
-    // Each replica keeps its own usage journal.
-    config.usage.journal_dir = first._dir.path().join("second-journal");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let second_base = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(moderato::run(config, listener, shutdown.clone()));
-    for _ in 0..200 {
-        if first
-            .client
-            .get(format!("{second_base}/ready"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (second_base, shutdown) = spawn_second_replica(&first).await;
 
     let (_, key) = first.create_key(Tier::Free, None).await;
     let calls = (0..40).map(|i| {

@@ -6,6 +6,7 @@ mod dash_client;
 mod helpers;
 mod webdriver;
 
+mod account_limits;
 mod api;
 mod browser;
 mod budget;

@@ -92,6 +92,7 @@ fn key(n: u64, created_at: DateTime<Utc>) -> ApiKeyRecord {
         name: format!("customer {n}"),
         tier: Tier::Free,
         custom_rpm: None,
+        owner: moderato::access::KeyOwner::Operator,
         secret_hash: vec![n as u8; 32],
         created_at,
         revoked_at: None,
@@ -745,6 +746,7 @@ on_both_backends!(with super::run:
     accounts_round_trip_and_emails_are_unique,
     cli_keys_belong_to_the_operator_account,
     account_keys_take_the_accounts_plan_and_follow_its_changes,
+    account_keys_are_capped_even_when_requested_at_once,
     disabling_an_account_refuses_its_keys_and_ends_its_sessions,
     only_the_owner_revokes_an_account_key,
     account_keys_report_their_last_use,
@@ -768,6 +770,7 @@ fn account_key(n: u64) -> NewAccountKey {
     NewAccountKey {
         id: key_id(n),
         name: format!("dashboard key {n}"),
+        key_rpm: None,
         secret_hash: vec![n as u8; 32],
         created_at: at(2026, 1, 1, 0, 0, n as u32),
     }
@@ -847,11 +850,11 @@ async fn account_keys_take_the_accounts_plan_and_follow_its_changes(ctx: Ctx) {
     );
     store.insert_account(&acct).await.unwrap();
     store
-        .insert_account_key(&acct.id, &account_key(1))
+        .insert_account_key(&acct.id, &account_key(1), 100)
         .await
         .unwrap();
     store
-        .insert_account_key(&acct.id, &account_key(2))
+        .insert_account_key(&acct.id, &account_key(2), 100)
         .await
         .unwrap();
     add_keys(store, &[3]).await;
@@ -872,7 +875,7 @@ async fn account_keys_take_the_accounts_plan_and_follow_its_changes(ctx: Ctx) {
     );
     // A key made after the change takes the new plan.
     store
-        .insert_account_key(&acct.id, &account_key(4))
+        .insert_account_key(&acct.id, &account_key(4), 100)
         .await
         .unwrap();
     assert_eq!(
@@ -880,7 +883,7 @@ async fn account_keys_take_the_accounts_plan_and_follow_its_changes(ctx: Ctx) {
         Some(4321)
     );
     match store
-        .insert_account_key(&AccountId::new_random(), &account_key(5))
+        .insert_account_key(&AccountId::new_random(), &account_key(5), 100)
         .await
     {
         Err(StoreError::Conflict(_)) => {}
@@ -892,12 +895,70 @@ async fn account_keys_take_the_accounts_plan_and_follow_its_changes(ctx: Ctx) {
         .unwrap());
 }
 
+/// Twelve keys requested at once for an account that may hold three: three
+/// are made, on both backends, and a revoked key makes room for one more.
+async fn account_keys_are_capped_even_when_requested_at_once(ctx: Ctx) {
+    use moderato::access::KeyOwner;
+    use moderato::store::AccountKeyInsert;
+    let acct = new_account("cap@example.com", Role::Customer, free());
+    ctx.store.insert_account(&acct).await.unwrap();
+    let attempts = (1..=12).map(|n| {
+        let store = ctx.store.clone();
+        let id = acct.id.clone();
+        async move {
+            let key = NewAccountKey {
+                key_rpm: Some(4),
+                ..account_key(n)
+            };
+            store.insert_account_key(&id, &key, 3).await.unwrap()
+        }
+    });
+    let outcomes = futures::future::join_all(attempts).await;
+    let created = outcomes
+        .iter()
+        .filter(|o| **o == AccountKeyInsert::Created)
+        .count();
+    assert_eq!(created, 3, "{outcomes:?}");
+    let keys = ctx.store.account_keys(&acct.id).await.unwrap();
+    assert_eq!(keys.len(), 3);
+    let key = &keys[0].key;
+    assert_eq!(
+        key.owner,
+        KeyOwner::Account {
+            id: acct.id.clone(),
+            key_rpm: Some(4)
+        },
+        "the key's own limit is kept apart from its account's plan"
+    );
+    assert_eq!((key.tier, key.custom_rpm), (Tier::Free, None));
+
+    assert!(ctx
+        .store
+        .revoke_account_key(&acct.id, &key.id)
+        .await
+        .unwrap());
+    assert_eq!(
+        ctx.store
+            .insert_account_key(&acct.id, &account_key(20), 3)
+            .await
+            .unwrap(),
+        AccountKeyInsert::Created
+    );
+    assert_eq!(
+        ctx.store
+            .insert_account_key(&acct.id, &account_key(21), 3)
+            .await
+            .unwrap(),
+        AccountKeyInsert::AccountFull
+    );
+}
+
 async fn disabling_an_account_refuses_its_keys_and_ends_its_sessions(ctx: Ctx) {
     let store = ctx.store.as_ref();
     let acct = new_account("c@example.com", Role::Customer, free());
     store.insert_account(&acct).await.unwrap();
     store
-        .insert_account_key(&acct.id, &account_key(1))
+        .insert_account_key(&acct.id, &account_key(1), 100)
         .await
         .unwrap();
     add_keys(store, &[2]).await;
@@ -953,7 +1014,7 @@ async fn only_the_owner_revokes_an_account_key(ctx: Ctx) {
     store.insert_account(&owner).await.unwrap();
     store.insert_account(&other).await.unwrap();
     store
-        .insert_account_key(&owner.id, &account_key(1))
+        .insert_account_key(&owner.id, &account_key(1), 100)
         .await
         .unwrap();
     assert!(!store
@@ -986,11 +1047,11 @@ async fn account_keys_report_their_last_use(ctx: Ctx) {
     let acct = new_account("f@example.com", Role::Customer, free());
     store.insert_account(&acct).await.unwrap();
     store
-        .insert_account_key(&acct.id, &account_key(1))
+        .insert_account_key(&acct.id, &account_key(1), 100)
         .await
         .unwrap();
     store
-        .insert_account_key(&acct.id, &account_key(2))
+        .insert_account_key(&acct.id, &account_key(2), 100)
         .await
         .unwrap();
     store
