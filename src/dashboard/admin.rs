@@ -474,7 +474,7 @@ pub async fn set_password(
     Query(query): Query<TokenQuery>,
     Form(mut form): Form<SetPasswordForm>,
 ) -> Result<Response, DashError> {
-    check_form_token(&headers, &form.csrf_token)?;
+    check_form_token(&state, &headers, &form.csrf_token)?;
     // The page's form carries the token in a hidden field; a client that
     // posts back to the link itself carries it in the query.
     if form.token.is_empty() {

@@ -10,6 +10,7 @@
 
 mod admin;
 mod attempts;
+mod csrf;
 mod error;
 mod housekeeping;
 mod keys;
@@ -75,6 +76,7 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route("/static/style.css", get(stylesheet))
         .route("/static/copy.js", get(script))
         .fallback(|| async { DashError::NotFound })
+        .layer(middleware::from_fn(csrf::same_origin_only))
         .layer(middleware::from_fn(security_headers))
 }
 

@@ -6,8 +6,10 @@
 //! its SHA-256, with the account, the session's CSRF token and its expiry
 //! (extended on every request: idle expiry). Forms shown before sign-in
 //! (sign-in, sign-up, set-password) carry a token that must equal the one
-//! in a short-lived pre-session cookie (double submit), which another site
-//! can neither read nor set.
+//! in a short-lived pre-session cookie (double submit) and be one the
+//! server signed within the hour (see `csrf`). With `cookie_secure` every
+//! cookie is named `__Host-…` (so `Path=/`, `Secure`, no `Domain`): a
+//! sibling subdomain cannot plant one.
 //!
 //! The lockout follows OWASP's "Slow Down Online Guessing Attacks with
 //! Device Cookies": a successful sign-in leaves a long-lived device cookie
@@ -38,6 +40,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::attempts::client_key;
+use super::csrf::FormTokenKey;
 use super::error::DashError;
 use super::pages::{render, LoginPage, Nav};
 use crate::access::{Account, Email, Password, Role};
@@ -45,13 +48,34 @@ use crate::http::auth::client_address;
 use crate::http::AppState;
 use crate::store::{Attempts, NewSession, SignInFailures};
 
-pub const SESSION_COOKIE: &str = "moderato_session";
-/// The pre-session CSRF cookie of the forms shown before sign-in.
-pub const FORM_COOKIE: &str = "moderato_form";
+/// The dashboard's cookies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CookieName {
+    Session,
+    /// The pre-session CSRF cookie of the forms shown before sign-in.
+    Form,
+    /// The device cookie a browser gets at sign-in.
+    Device,
+}
+
+impl CookieName {
+    /// The name a browser holds it under: `__Host-` when cookies are
+    /// `Secure` (browsers refuse the prefix otherwise).
+    pub fn name(self, secure: bool) -> &'static str {
+        match (self, secure) {
+            (CookieName::Session, true) => "__Host-moderato_session",
+            (CookieName::Session, false) => "moderato_session",
+            (CookieName::Form, true) => "__Host-moderato_form",
+            (CookieName::Form, false) => "moderato_form",
+            (CookieName::Device, true) => "__Host-moderato_device",
+            (CookieName::Device, false) => "moderato_device",
+        }
+    }
+}
+
 /// How long a pre-session form stays valid.
-const FORM_COOKIE_SECONDS: u32 = 3600;
-/// The device cookie a browser gets at sign-in, and how long it lasts.
-pub const DEVICE_COOKIE: &str = "moderato_device";
+const FORM_COOKIE_SECONDS: u32 = super::csrf::FORM_TOKEN_SECONDS as u32;
+/// How long a device cookie lasts.
 const DEVICE_COOKIE_DAYS: u32 = 180;
 
 /// Failed sign-ins counted per account and per address, and over what time.
@@ -100,29 +124,59 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
-/// A `Set-Cookie` value scoped to the dashboard. `max_age` 0 deletes it.
-fn cookie_header(state: &AppState, name: &str, value: &str, max_age: Option<u32>) -> HeaderValue {
-    let mut text = format!("{name}={value}; Path=/dashboard; HttpOnly; SameSite=Strict");
+/// The request's cookie `which`, under its configured name.
+pub fn dashboard_cookie<'a>(
+    state: &AppState,
+    headers: &'a HeaderMap,
+    which: CookieName,
+) -> Option<&'a str> {
+    cookie(headers, which.name(state.dashboard.cookie_secure))
+}
+
+/// A `Set-Cookie` value for the dashboard. `max_age` 0 deletes it. A
+/// `__Host-` cookie must have `Path=/`; without the prefix, the cookie
+/// stays on `/dashboard`.
+fn cookie_header(
+    state: &AppState,
+    which: CookieName,
+    value: &str,
+    max_age: Option<u32>,
+) -> HeaderValue {
+    let secure = state.dashboard.cookie_secure;
+    let path = if secure { "/" } else { "/dashboard" };
+    let name = which.name(secure);
+    let mut text = format!("{name}={value}; Path={path}; HttpOnly; SameSite=Strict");
     if let Some(seconds) = max_age {
         text.push_str(&format!("; Max-Age={seconds}"));
     }
-    if state.dashboard.cookie_secure {
+    if secure {
         text.push_str("; Secure");
     }
     HeaderValue::from_str(&text).expect("cookie values are base64url")
 }
 
-/// A fresh pre-session form token and the cookie that carries it.
+fn form_token_key(state: &AppState) -> FormTokenKey {
+    FormTokenKey::new(&state.pepper)
+}
+
+/// A fresh pre-session form token, signed by the server, and the cookie
+/// that carries it.
 pub fn new_form_token(state: &AppState) -> (String, HeaderValue) {
-    let token = random_token();
-    let header = cookie_header(state, FORM_COOKIE, &token, Some(FORM_COOKIE_SECONDS));
+    let token = form_token_key(state).issue(Utc::now().timestamp());
+    let header = cookie_header(state, CookieName::Form, &token, Some(FORM_COOKIE_SECONDS));
     (token, header)
 }
 
-/// Checks a pre-session form's token against its cookie (403 otherwise).
-pub fn check_form_token(headers: &HeaderMap, given: &str) -> Result<(), DashError> {
-    match cookie(headers, FORM_COOKIE) {
-        Some(expected) if tokens_match(expected, given) => Ok(()),
+/// Checks a pre-session form's token: equal to its cookie's, and signed by
+/// the server within the hour (403 otherwise).
+pub fn check_form_token(
+    state: &AppState,
+    headers: &HeaderMap,
+    given: &str,
+) -> Result<(), DashError> {
+    let signed = form_token_key(state).is_valid(given, Utc::now().timestamp());
+    match dashboard_cookie(state, headers, CookieName::Form) {
+        Some(expected) if signed && tokens_match(expected, given) => Ok(()),
         _ => Err(DashError::Forbidden),
     }
 }
@@ -157,7 +211,8 @@ impl FromRequestParts<AppState> for SignedIn {
     type Rejection = DashError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, DashError> {
-        let id = cookie(&parts.headers, SESSION_COOKIE).ok_or(DashError::SignInRequired)?;
+        let id = dashboard_cookie(state, &parts.headers, CookieName::Session)
+            .ok_or(DashError::SignInRequired)?;
         let now = Utc::now();
         let session = state
             .store
@@ -243,7 +298,7 @@ pub async fn login(
     headers: HeaderMap,
     Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
-    check_form_token(&headers, &form.csrf_token)?;
+    check_form_token(&state, &headers, &form.csrf_token)?;
     let address = client_key(client_address(peer.ip(), &headers, &state.trusted_proxies));
     // Failures are keyed by the address as typed (lower-cased), so that
     // unknown addresses are locked out like known ones.
@@ -296,7 +351,7 @@ pub async fn login(
     };
     // A new session id at every sign-in; the one the browser held (if any)
     // ends, so a planted session id is worth nothing.
-    if let Some(old) = cookie(&headers, SESSION_COOKIE) {
+    if let Some(old) = dashboard_cookie(&state, &headers, CookieName::Session) {
         state.store.delete_session(&token_hash(old)).await?;
     }
     let session_id = random_token();
@@ -320,9 +375,12 @@ pub async fn login(
     let headers = response.headers_mut();
     headers.append(
         SET_COOKIE,
-        cookie_header(&state, SESSION_COOKIE, &session_id, None),
+        cookie_header(&state, CookieName::Session, &session_id, None),
     );
-    headers.append(SET_COOKIE, cookie_header(&state, FORM_COOKIE, "", Some(0)));
+    headers.append(
+        SET_COOKIE,
+        cookie_header(&state, CookieName::Form, "", Some(0)),
+    );
     if let Some(device_cookie) = new_device {
         headers.append(SET_COOKIE, device_cookie);
     }
@@ -338,7 +396,8 @@ async fn trusted_device(
     account: Option<&Account>,
     now: DateTime<Utc>,
 ) -> Result<Option<Vec<u8>>, DashError> {
-    let (Some(token), Some(account)) = (cookie(headers, DEVICE_COOKIE), account) else {
+    let device = dashboard_cookie(state, headers, CookieName::Device);
+    let (Some(token), Some(account)) = (device, account) else {
         return Ok(None);
     };
     let hash = token_hash(token);
@@ -381,7 +440,7 @@ async fn issue_device(
         .await?;
     Ok(cookie_header(
         state,
-        DEVICE_COOKIE,
+        CookieName::Device,
         &token,
         Some(DEVICE_COOKIE_DAYS * 24 * 3600),
     ))
@@ -422,13 +481,13 @@ pub async fn logout(
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, DashError> {
     user.check_csrf(&form.csrf_token)?;
-    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+    if let Some(id) = dashboard_cookie(&state, &headers, CookieName::Session) {
         state.store.delete_session(&token_hash(id)).await?;
     }
     let mut response = Redirect::to("/dashboard/login").into_response();
     response.headers_mut().append(
         SET_COOKIE,
-        cookie_header(&state, SESSION_COOKIE, "", Some(0)),
+        cookie_header(&state, CookieName::Session, "", Some(0)),
     );
     Ok(response)
 }
@@ -444,7 +503,7 @@ mod tests {
             COOKIE,
             HeaderValue::from_static("a=1; moderato_session_x=2; moderato_session=abc"),
         );
-        assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers, "moderato_session"), Some("abc"));
         assert_eq!(cookie(&headers, "b"), None);
     }
 

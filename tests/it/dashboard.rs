@@ -57,6 +57,10 @@ async fn app_from_toml(backend: Backend, toml: &str) -> TestApp {
     spawn_with_config(db, dir, config).await
 }
 
+/// The cookie names with `dashboard.cookie_secure` on (the default).
+const SESSION_COOKIE: &str = "__Host-moderato_session";
+const DEVICE_COOKIE: &str = "__Host-moderato_device";
+
 fn customer(app: &TestApp, email: &str) -> Value {
     create_account(app, email, "customer", &["--tier", "free"])
 }
@@ -110,7 +114,11 @@ async fn login_form_and_strict_session_cookie(backend: Backend) {
     assert!(cookie.has("HttpOnly"), "{cookie:?}");
     assert_eq!(cookie.get("SameSite"), Some("Strict"), "{cookie:?}");
     assert!(cookie.has("Secure"), "Secure by default: {cookie:?}");
-    assert_eq!(cookie.get("Path"), Some("/dashboard"), "{cookie:?}");
+    // `__Host-`: only this host, over HTTPS, can have set it (no sibling
+    // subdomain), which the browser enforces with `Path=/` and no `Domain`.
+    assert_eq!(cookie.name, SESSION_COOKIE, "{cookie:?}");
+    assert_eq!(cookie.get("Path"), Some("/"), "{cookie:?}");
+    assert!(!cookie.has("Domain"), "{cookie:?}");
 
     let keys = session.get("/dashboard/keys").await;
     assert_eq!(keys.status, 200, "{}", keys.body);
@@ -126,6 +134,9 @@ async fn cookie_is_not_secure_when_configured_for_plain_http(backend: Backend) {
     signed_in.assert_see_other("/dashboard/keys");
     let cookie = session_cookie(&signed_in);
     assert!(!cookie.has("Secure"), "{cookie:?}");
+    // A `__Host-` cookie without `Secure` would be refused by browsers.
+    assert_eq!(cookie.name, "moderato_session", "{cookie:?}");
+    assert_eq!(cookie.get("Path"), Some("/dashboard"), "{cookie:?}");
     assert!(cookie.has("HttpOnly"), "{cookie:?}");
     assert_eq!(cookie.get("SameSite"), Some("Strict"), "{cookie:?}");
 }
@@ -421,7 +432,7 @@ fn device_cookie(page: &Page) -> SetCookie {
     page.set_cookies()
         .iter()
         .map(|c| SetCookie::parse(c))
-        .find(|c| c.name == "moderato_device")
+        .find(|c| c.name.ends_with("moderato_device"))
         .unwrap_or_else(|| panic!("no device cookie set at sign-in: {:?}", page.headers))
 }
 
@@ -457,7 +468,8 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
     assert!(device.has("HttpOnly"), "{device:?}");
     assert_eq!(device.get("SameSite"), Some("Strict"), "{device:?}");
     assert!(device.has("Secure"), "{device:?}");
-    assert_eq!(device.get("Path"), Some("/dashboard"), "{device:?}");
+    assert_eq!(device.name, DEVICE_COOKIE, "{device:?}");
+    assert_eq!(device.get("Path"), Some("/"), "{device:?}");
     let max_age: u64 = device
         .get("Max-Age")
         .expect("a lasting cookie")
@@ -480,7 +492,7 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
         !again
             .set_cookies()
             .iter()
-            .any(|c| c.starts_with("moderato_device=")),
+            .any(|c| c.starts_with(&format!("{DEVICE_COOKIE}="))),
         "a new device cookie for a browser that holds a valid one"
     );
     // Signing out does not forget the device.
@@ -489,7 +501,7 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
         .post("/dashboard/logout", &[("csrf_token", csrf.as_str())])
         .await
         .assert_see_other("/dashboard/login");
-    assert_eq!(session.cookies.get("moderato_device"), Some(&device.value));
+    assert_eq!(session.cookies.get(DEVICE_COOKIE), Some(&device.value));
 
     let plain = app_from_toml(backend, "[dashboard]\ncookie_secure = false\n").await;
     customer(&plain, "alice@example.com");
@@ -509,7 +521,7 @@ async fn a_device_cookie_of_another_account_does_not_help(backend: Backend) {
         .sign_in("bob@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
-    assert!(mallory.cookies.contains_key("moderato_device"));
+    assert!(mallory.cookies.contains_key(DEVICE_COOKIE));
     lock_account_from_many_addresses(&app, "alice@example.com").await;
 
     let page = mallory.sign_in("alice@example.com", PASSWORD).await;
@@ -530,7 +542,7 @@ async fn a_forged_device_cookie_does_not_help(backend: Backend) {
         .sign_in("alice@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
-    let real = alices_browser.cookies["moderato_device"].clone();
+    let real = alices_browser.cookies[DEVICE_COOKIE].clone();
     lock_account_from_many_addresses(&app, "alice@example.com").await;
 
     // Made up, of the right length and alphabet; and empty.
@@ -542,7 +554,7 @@ async fn a_forged_device_cookie_does_not_help(backend: Backend) {
         let mut attacker = Session::from_address(&app, "198.51.100.31");
         attacker
             .cookies
-            .insert("moderato_device".to_string(), value.to_string());
+            .insert(DEVICE_COOKIE.to_string(), value.to_string());
         let page = attacker.sign_in("alice@example.com", PASSWORD).await;
         assert_locked_out(&page);
     }
@@ -732,6 +744,147 @@ async fn every_form_needs_its_csrf_token(backend: Backend) {
     let response = app.moderate_text(&key, "hello").await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-ratelimit-limit"], "10");
+}
+
+/// Issue 26, finding 5: login CSRF by cookie tossing. Mallory holds a
+/// genuine sign-in form (its token and its cookie's value) and plants the
+/// cookie in Alice's browser from a sibling subdomain, which can set a
+/// cookie for the dashboard's host unless its name is `__Host-`; then her
+/// page posts the form with her own credentials, so that Alice works in
+/// Mallory's account. Refused, as is a cookie whose value she made up.
+async fn a_tossed_form_cookie_does_not_sign_a_browser_in(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "mallory@example.com");
+    let mut mallory = Session::new(&app);
+    let token = mallory.get("/dashboard/login").await.csrf();
+    let genuine = mallory
+        .cookies
+        .iter()
+        .find(|(name, _)| name.ends_with("moderato_form"))
+        .map(|(_, value)| value.clone())
+        .expect("the login page sets a form cookie");
+    let credentials = [
+        ("email", "mallory@example.com"),
+        ("password", PASSWORD),
+        ("csrf_token", token.as_str()),
+    ];
+
+    let mut alice = Session::new(&app);
+    alice
+        .cookies
+        .insert("moderato_form".into(), genuine.clone());
+    let page = alice.post("/dashboard/login", &credentials).await;
+    assert_eq!(
+        page.status, 403,
+        "a tossed cookie signed in:\n{}",
+        page.body
+    );
+    assert!(alice
+        .cookies
+        .keys()
+        .all(|name| !name.ends_with("moderato_session")));
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+
+    // Without `cookie_secure` there is no `__Host-` prefix: the token must
+    // then at least be one the server made.
+    let plain = app_from_toml(backend, "[dashboard]\ncookie_secure = false\n").await;
+    customer(&plain, "mallory@example.com");
+    let made_up = "mallorys-own-token-AAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let mut alice = Session::new(&plain);
+    alice.cookies.insert("moderato_form".into(), made_up.into());
+    let page = alice
+        .post(
+            "/dashboard/login",
+            &[
+                ("email", "mallory@example.com"),
+                ("password", PASSWORD),
+                ("csrf_token", made_up),
+            ],
+        )
+        .await;
+    assert_eq!(
+        page.status, 403,
+        "a made-up token signed in:\n{}",
+        page.body
+    );
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    // The server's own pair still works there.
+    Session::signed_in(&plain, "mallory@example.com", PASSWORD).await;
+}
+
+/// Issue 26, finding 5: a form posted from another origin is refused with
+/// 403 whatever its token, by `Origin` or by `Sec-Fetch-Site`.
+async fn forms_from_other_origins_are_refused(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    let sign_in_with = |headers: Vec<(&'static str, String)>| {
+        let app = &app;
+        async move {
+            let mut browser = Session::new(app);
+            let token = browser.get("/dashboard/login").await.csrf();
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let page = browser
+                .post_with_headers(
+                    "/dashboard/login",
+                    &[
+                        ("email", "alice@example.com"),
+                        ("password", PASSWORD),
+                        ("csrf_token", token.as_str()),
+                    ],
+                    &headers,
+                )
+                .await;
+            (page, browser)
+        }
+    };
+    let port = app.base.rsplit(':').next().expect("port").to_string();
+    let refused = [
+        vec![("origin", "https://evil.example".to_string())],
+        vec![("origin", "null".to_string())],
+        // Another port of the same host: same site, another origin.
+        vec![(
+            "origin",
+            format!("http://127.0.0.1:{}", port.parse::<u16>().unwrap() + 1),
+        )],
+        vec![("sec-fetch-site", "cross-site".to_string())],
+        vec![("sec-fetch-site", "same-site".to_string())],
+        vec![
+            ("origin", app.base.clone()),
+            ("sec-fetch-site", "cross-site".to_string()),
+        ],
+    ];
+    for headers in refused {
+        let (page, mut browser) = sign_in_with(headers.clone()).await;
+        assert_eq!(page.status, 403, "{headers:?}:\n{}", page.body);
+        assert_signed_out(&browser.get("/dashboard/keys").await);
+    }
+    let allowed = [
+        vec![],
+        vec![("origin", app.base.clone())],
+        vec![
+            ("origin", app.base.clone()),
+            ("sec-fetch-site", "same-origin".to_string()),
+        ],
+    ];
+    for headers in allowed {
+        let (page, _) = sign_in_with(headers.clone()).await;
+        page.assert_see_other("/dashboard/keys");
+    }
+
+    // A signed-in form too: no key is made from another site.
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let csrf = alice.csrf("/dashboard/keys").await;
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let page = alice
+        .post_with_headers(
+            "/dashboard/keys",
+            &[("name", "planted"), ("csrf_token", csrf.as_str())],
+            &[("origin", "https://evil.example")],
+        )
+        .await;
+    assert_eq!(page.status, 403, "{}", page.body);
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
 }
 
 async fn every_page_sends_the_security_headers(backend: Backend) {
@@ -1784,6 +1937,8 @@ async fn cli_creates_and_lists_accounts(backend: Backend) {
 }
 
 on_both_backends!(
+    a_tossed_form_cookie_does_not_sign_a_browser_in,
+    forms_from_other_origins_are_refused,
     guesses_sent_together_still_stop_at_ten,
     ipv6_guesses_are_counted_per_64,
     login_form_and_strict_session_cookie,
