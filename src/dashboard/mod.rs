@@ -8,6 +8,7 @@
 //! exactly as the CLI makes them, and the API's own key path (cache,
 //! revocation, plans) applies to them unchanged.
 
+mod account;
 mod admin;
 mod attempts;
 mod csrf;
@@ -47,6 +48,11 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route("/usage", get(usage::page))
         .route("/usage.csv", get(usage::csv))
         .route("/plan", get(keys::plan))
+        .route("/account", get(account::page))
+        .route(
+            "/account/password",
+            axum::routing::post(account::change_password),
+        )
         .route(
             "/admin/accounts",
             get(admin::accounts).post(admin::create_account),
@@ -55,6 +61,10 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route(
             "/admin/accounts/{id}/plan",
             axum::routing::post(admin::set_plan),
+        )
+        .route(
+            "/admin/accounts/{id}/password",
+            axum::routing::post(admin::reset_password),
         )
         .route(
             "/admin/accounts/{id}/disable",

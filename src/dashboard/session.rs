@@ -46,7 +46,7 @@ use super::pages::{render, LoginPage, Nav};
 use crate::access::{Account, Email, Password, Role};
 use crate::http::auth::client_address;
 use crate::http::AppState;
-use crate::store::{Attempts, NewSession, SignInFailures};
+use crate::store::{Attempts, NewSession, SessionUse, SignInFailures};
 
 /// The dashboard's cookies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,6 +186,9 @@ pub fn check_form_token(
 pub struct SignedIn {
     pub account: Account,
     pub csrf_token: String,
+    /// What the store keeps of this session's id: the session a password
+    /// change by its owner keeps, when it ends all others.
+    pub session_hash: Vec<u8>,
 }
 
 impl SignedIn {
@@ -213,10 +216,10 @@ impl FromRequestParts<AppState> for SignedIn {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, DashError> {
         let id = dashboard_cookie(state, &parts.headers, CookieName::Session)
             .ok_or(DashError::SignInRequired)?;
-        let now = Utc::now();
+        let session_hash = token_hash(id);
         let session = state
             .store
-            .touch_session(&token_hash(id), now, idle_expiry(state, now))
+            .touch_session(&session_hash, &session_use(state, Utc::now()))
             .await?
             .ok_or(DashError::SignInRequired)?;
         let account = state
@@ -228,6 +231,7 @@ impl FromRequestParts<AppState> for SignedIn {
         Ok(SignedIn {
             account,
             csrf_token: session.csrf_token,
+            session_hash,
         })
     }
 }
@@ -250,6 +254,18 @@ impl FromRequestParts<AppState> for Admin {
 
 fn idle_expiry(state: &AppState, now: DateTime<Utc>) -> DateTime<Utc> {
     now + chrono::Duration::minutes(i64::from(state.dashboard.session_idle_minutes))
+}
+
+/// A use of a session now: alive if used within the idle time and signed in
+/// within the maximum lifetime (which, unlike the idle expiry, use does not
+/// move).
+fn session_use(state: &AppState, now: DateTime<Utc>) -> SessionUse {
+    let lifetime = chrono::Duration::hours(i64::from(state.dashboard.session_max_lifetime_hours));
+    SessionUse {
+        now,
+        expires_at: idle_expiry(state, now),
+        created_after: now - lifetime,
+    }
 }
 
 pub async fn login_page(State(state): State<AppState>) -> Response {
@@ -390,7 +406,7 @@ pub async fn login(
 /// The SHA-256 of the request's device cookie when it is a valid one of
 /// `account` (this browser signed in to it before); `None` otherwise, also
 /// for a cookie of another account or one nobody issued.
-async fn trusted_device(
+pub(super) async fn trusted_device(
     state: &AppState,
     headers: &HeaderMap,
     account: Option<&Account>,
@@ -408,7 +424,7 @@ async fn trusted_device(
 /// Whether an attempt is refused, and for how many seconds. A trusted device
 /// answers only for its own failures; any other client for its address's
 /// and for the account's failures made without a device cookie.
-fn lockout(
+pub(super) fn lockout(
     failures: &SignInFailures,
     trusted_device: bool,
     window: chrono::Duration,
@@ -448,7 +464,7 @@ async fn issue_device(
 
 /// Whether `password` is the account's (enabled, with a password). Costs
 /// one argon2 verification whatever the case, off the async threads.
-async fn verify(account: Option<&Account>, password: String) -> Result<bool, DashError> {
+pub(super) async fn verify(account: Option<&Account>, password: String) -> Result<bool, DashError> {
     let hash = account
         .filter(|a| !a.is_disabled())
         .and_then(|a| a.password_hash.clone());

@@ -319,3 +319,65 @@ async fn cookies_are_host_only_and_other_origins_cannot_post() {
     );
     browser.close().await;
 }
+
+/// Issue 26, finding 4, in Chromium: the owner changes the password on the
+/// account page; the other browser signed in to the account is signed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_changes_the_password_and_other_browsers_are_signed_out() {
+    let app = spawn_app_with(Backend::Postgres, quick).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    let alice = create_account(&app, "alice@example.com", "customer", &["--tier", "free"]);
+    let mut other_browser = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let browser = Browser::start(&app.base).await;
+    sign_in(&browser, "alice@example.com", PASSWORD).await;
+
+    browser
+        .click(r#"header a[href="/dashboard/account"]"#)
+        .await;
+    browser.wait_for_path("/dashboard/account").await;
+    browser.screenshot("account").await;
+    let new_password = "a brand new passphrase";
+    browser
+        .fill(r#"input[name="current_password"]"#, PASSWORD)
+        .await;
+    browser
+        .fill(r#"input[name="new_password"]"#, new_password)
+        .await;
+    browser.click(r#"[data-testid="change-password"]"#).await;
+    browser.wait_for_path("/dashboard/account/password").await;
+    let notice = browser.text(r#"[data-testid="password-changed"]"#).await;
+    assert!(notice.contains("changed"), "{notice:?}");
+    browser.screenshot("account-password-changed").await;
+
+    let page = other_browser.get("/dashboard/keys").await;
+    assert_eq!(page.status, 303, "the other browser is still signed in");
+    browser.goto("/dashboard/keys").await;
+    assert_eq!(
+        browser.path().await,
+        "/dashboard/keys",
+        "this browser stays"
+    );
+
+    // An admin resets it without a new one: a one-time link, and Alice's
+    // sessions end.
+    let mut alice_again = Session::signed_in(&app, "alice@example.com", new_password).await;
+    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+    sign_in(&browser, "root@example.com", PASSWORD).await;
+    let alice_id = alice["id"].as_str().expect("id");
+    browser
+        .goto(&format!("/dashboard/admin/accounts/{alice_id}"))
+        .await;
+    browser.click(r#"[data-testid="reset-password"]"#).await;
+    browser
+        .wait_for_path(&format!("/dashboard/admin/accounts/{alice_id}/password"))
+        .await;
+    let link = browser.text(r#"[data-testid="password-link"]"#).await;
+    assert!(
+        link.starts_with("/dashboard/set-password?token="),
+        "{link:?}"
+    );
+    browser.screenshot("admin-password-reset").await;
+    assert_eq!(alice_again.get("/dashboard/keys").await.status, 303);
+    browser.close().await;
+}

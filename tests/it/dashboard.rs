@@ -228,6 +228,233 @@ async fn age_sessions(app: &TestApp, at: chrono::DateTime<Utc>) {
     }
 }
 
+/// Moves every stored session's sign-in time back to `at`, leaving its last
+/// use and its idle expiry as they are.
+async fn age_session_sign_ins(app: &TestApp, at: chrono::DateTime<Utc>) {
+    let sql = "UPDATE dashboard_sessions SET created_at = $1";
+    let affected = if app.db.url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(&app.db.url).await.expect("pg");
+        sqlx::query(sql)
+            .bind(at)
+            .execute(&pool)
+            .await
+            .expect("age")
+            .rows_affected()
+    } else {
+        let pool = sqlx::SqlitePool::connect(&app.db.url)
+            .await
+            .expect("sqlite");
+        sqlx::query(&sql.replace('$', "?"))
+            .bind(at)
+            .execute(&pool)
+            .await
+            .expect("age")
+            .rows_affected()
+    };
+    assert!(affected > 0);
+}
+
+/// Issue 26, finding 4: a session in constant use still ends 7 days (the
+/// default `dashboard.session_max_lifetime_hours`) after its sign-in.
+async fn a_busy_session_ends_at_its_max_lifetime(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    let mut session = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+
+    age_session_sign_ins(&app, Utc::now() - chrono::Duration::days(6)).await;
+    assert_eq!(
+        session.get("/dashboard/keys").await.status,
+        200,
+        "6 days old"
+    );
+
+    // Used a moment ago (so not idle), but signed in 7 days and a minute ago.
+    let signed_in = Utc::now() - chrono::Duration::days(7) - chrono::Duration::minutes(1);
+    age_session_sign_ins(&app, signed_in).await;
+    assert_signed_out(&session.get("/dashboard/keys").await);
+    // Signing in again gives a fresh week.
+    let mut again = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    assert_eq!(again.get("/dashboard/keys").await.status, 200);
+}
+
+/// Changes the password on the account page; returns the answer.
+async fn change_password(session: &mut Session, current: &str, new: &str) -> Page {
+    let page = session.get("/dashboard/account").await;
+    assert_eq!(page.status, 200, "the account page: {}", page.body);
+    assert!(page.has_testid("change-password"), "{}", page.body);
+    let csrf = page.csrf();
+    session
+        .post(
+            "/dashboard/account/password",
+            &[
+                ("current_password", current),
+                ("new_password", new),
+                ("csrf_token", csrf.as_str()),
+            ],
+        )
+        .await
+}
+
+/// Issue 26, finding 4: the owner changes the password on the account page
+/// (the current password required); every other session ends, this one
+/// stays; the old password no longer signs in.
+async fn a_password_change_ends_every_other_session(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    customer(&app, "bob@example.com");
+    let mut here = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let mut elsewhere = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let mut bob = Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+    let new_password = "a brand new passphrase";
+
+    let wrong = change_password(&mut here, "not the password at all", new_password).await;
+    assert_eq!(wrong.status, 400, "{}", wrong.body);
+    assert!(
+        wrong
+            .testid_text("error")
+            .unwrap_or_default()
+            .contains("current password"),
+        "{}",
+        wrong.body
+    );
+    let short = change_password(&mut here, PASSWORD, "short").await;
+    assert_eq!(short.status, 400, "{}", short.body);
+    assert!(short
+        .testid_text("error")
+        .unwrap_or_default()
+        .contains("12"));
+    assert_eq!(
+        elsewhere.get("/dashboard/keys").await.status,
+        200,
+        "nothing changed yet"
+    );
+
+    let changed = change_password(&mut here, PASSWORD, new_password).await;
+    assert_eq!(changed.status, 200, "{}", changed.body);
+    assert!(changed.has_testid("password-changed"), "{}", changed.body);
+    assert_eq!(
+        here.get("/dashboard/keys").await.status,
+        200,
+        "this session stays"
+    );
+    assert_signed_out(&elsewhere.get("/dashboard/keys").await);
+    assert_eq!(
+        bob.get("/dashboard/keys").await.status,
+        200,
+        "another account's"
+    );
+
+    let old = Session::new(&app)
+        .sign_in("alice@example.com", PASSWORD)
+        .await;
+    assert_eq!(old.status, 401, "the old password still signs in");
+    Session::signed_in(&app, "alice@example.com", new_password).await;
+
+    // The form needs its token, like every form.
+    let page = here
+        .post(
+            "/dashboard/account/password",
+            &[
+                ("current_password", new_password),
+                ("new_password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(page.status, 403);
+}
+
+/// Issue 26, finding 4: an admin's password reset ends every session of the
+/// account, with a new password or (none given) a one-time link, after which
+/// the old password is refused.
+async fn an_admin_password_reset_ends_every_session(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    customer(&app, "alice@example.com");
+    let alice_id = account_id(&app, "alice@example.com");
+    let mut root = Session::signed_in(&app, "root@example.com", PASSWORD).await;
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let account_path = format!("/dashboard/admin/accounts/{alice_id}");
+    let reset_path = format!("{account_path}/password");
+
+    let page = root.get(&account_path).await;
+    assert!(page.has_testid("reset-password"), "{}", page.body);
+    let csrf = page.csrf();
+    let new_password = "chosen by the support desk";
+    let reset = root
+        .post(
+            &reset_path,
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(reset.has_testid("password-reset"), "{}", reset.body);
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    assert_eq!(root.get(&account_path).await.status, 200, "the admin stays");
+    assert_eq!(
+        Session::new(&app)
+            .sign_in("alice@example.com", PASSWORD)
+            .await
+            .status,
+        401
+    );
+    let mut alice = Session::signed_in(&app, "alice@example.com", new_password).await;
+
+    // Without a password: the old one stops working, a one-time link sets
+    // the next.
+    let reset = root
+        .post(&reset_path, &[("csrf_token", csrf.as_str())])
+        .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    assert_eq!(
+        Session::new(&app)
+            .sign_in("alice@example.com", new_password)
+            .await
+            .status,
+        401
+    );
+    let link = reset
+        .testid_text("password-link")
+        .unwrap_or_else(|| panic!("no link:\n{}", reset.body));
+    let mut owner = Session::new(&app);
+    let form = owner.get(&link).await;
+    assert_eq!(form.status, 200, "{}", form.body);
+    let token = input_value(&form.body, "token").expect("token field");
+    let set = owner
+        .post(
+            "/dashboard/set-password",
+            &[
+                ("token", token.as_str()),
+                ("password", PASSWORD),
+                ("csrf_token", form.csrf().as_str()),
+            ],
+        )
+        .await;
+    set.assert_see_other("/dashboard/login");
+    Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+
+    // A customer cannot reset anyone's password; the operator account has none.
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let csrf = alice.csrf("/dashboard/keys").await;
+    let root_id = account_id(&app, "root@example.com");
+    let page = alice
+        .post(
+            &format!("/dashboard/admin/accounts/{root_id}/password"),
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(page.status, 404);
+    let operator = moderato::access::AccountId::operator();
+    let csrf = root.csrf("/dashboard/admin/accounts").await;
+    let page = root
+        .post(
+            &format!("/dashboard/admin/accounts/{operator}/password"),
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(page.status, 404);
+}
+
 async fn unknown_email_and_wrong_password_look_the_same(backend: Backend) {
     let app = dashboard_app(backend).await;
     customer(&app, "alice@example.com");
@@ -1937,6 +2164,9 @@ async fn cli_creates_and_lists_accounts(backend: Backend) {
 }
 
 on_both_backends!(
+    a_busy_session_ends_at_its_max_lifetime,
+    a_password_change_ends_every_other_session,
+    an_admin_password_reset_ends_every_session,
     a_tossed_form_cookie_does_not_sign_a_browser_in,
     forms_from_other_origins_are_refused,
     guesses_sent_together_still_stop_at_ten,
