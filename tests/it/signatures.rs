@@ -147,6 +147,27 @@ async fn a_response_answers_only_its_own_request(backend: Backend) {
     }
 }
 
+/// A request refused by its declared `Content-Length` is answered before its
+/// body is read: the answer carries no verdict, and its signature covers
+/// the request's method and path but no digest of a body never read.
+async fn an_answer_before_the_body_is_read_is_signed_without_its_digest(backend: Backend) {
+    let app = spawn_app_with(backend, |c| c.limits.max_body_bytes = 1024).await;
+    let jwks = jwks(&app).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let big = text_input(&"a".repeat(2048));
+    let (response, request) = moderate(&app, &key, big).await;
+    assert_eq!(response.status(), 413);
+    let headers = response.headers().clone();
+    let body = response.bytes().await.unwrap();
+    let input = headers["signature-input"].to_str().unwrap();
+    assert!(input.contains("\"@method\";req \"@path\";req"), "{input}");
+    assert!(!input.contains("\"content-digest\";req"), "{input}");
+    verify_signature(&jwks, 413, &headers, &body, &request).expect("the 413 verifies");
+    let mut elsewhere = request.clone();
+    elsewhere.path = "/v1/moderations".into();
+    assert!(verify_signature(&jwks, 413, &headers, &body, &elsewhere).is_err());
+}
+
 async fn the_key_survives_a_restart(backend: Backend) {
     let mut app = spawn_app(backend).await;
     let before = jwks(&app).await;
@@ -179,5 +200,6 @@ async fn the_key_survives_a_restart(backend: Backend) {
 on_both_backends!(
     success_and_error_responses_verify,
     a_response_answers_only_its_own_request,
+    an_answer_before_the_body_is_read_is_signed_without_its_digest,
     the_key_survives_a_restart
 );
