@@ -302,6 +302,9 @@ pub struct DashboardConfig {
     pub signup: Signup,
     /// A session ends after this many minutes without a request.
     pub session_idle_minutes: u32,
+    /// A session ends this many hours after sign-in, however busy: a
+    /// stolen session id is not good forever.
+    pub session_max_lifetime_hours: u32,
     /// Whether the session cookie carries `Secure` (false only for
     /// plain-HTTP development).
     pub cookie_secure: bool,
@@ -473,6 +476,9 @@ impl Config {
         }
         if self.dashboard.session_idle_minutes == 0 {
             return invalid("dashboard.session_idle_minutes must be at least 1".into());
+        }
+        if self.dashboard.session_max_lifetime_hours == 0 {
+            return invalid("dashboard.session_max_lifetime_hours must be at least 1".into());
         }
         if self.auth.failed_auth_per_minute == 0 {
             return invalid("auth.failed_auth_per_minute must be at least 1".into());

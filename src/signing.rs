@@ -1,5 +1,12 @@
 //! Response signatures: RFC 9421 HTTP Message Signatures with Ed25519, over
 //! an RFC 9530 `Content-Digest`, in one fixed profile.
+//!
+//! A signature covers the response (`@status`, `content-type`,
+//! `content-digest`, `x-request-id`) *and* the request it answers
+//! (`"@method";req`, `"@path";req`, `"content-digest";req`, and the
+//! client's nonce when it sent one): without the request's parts, a genuine
+//! `flagged: false` answer to a harmless request would verify just as well
+//! when an attacker on the path hands it back as the answer to a harmful one.
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +17,16 @@ use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-/// The components every response signature covers, in order.
-pub const COVERED_COMPONENTS: [&str; 4] =
+/// The response's own components every signature covers, in order.
+pub const RESPONSE_COMPONENTS: [&str; 4] =
     ["@status", "content-type", "content-digest", "x-request-id"];
+
+/// The request header a client may send a nonce in; the response echoes it
+/// under the same name, and the signature covers it.
+pub const NONCE_HEADER: &str = "x-client-nonce";
+
+/// The longest nonce echoed.
+const MAX_NONCE_CHARS: usize = 128;
 
 /// The signature label used in `Signature-Input` and `Signature`.
 pub const LABEL: &str = "sig1";
@@ -114,33 +128,114 @@ impl ResponseSigner {
         }
     }
 
-    /// The three header values for a response with these parts.
+    /// The three header values for a response with these parts, answering
+    /// `request`.
     pub fn sign_response(
         &self,
-        status: u16,
-        content_type: &str,
-        request_id: &str,
-        body: &[u8],
+        response: &SignedResponse<'_>,
+        request: &AnsweredRequest,
         created: i64,
     ) -> SignatureHeaders {
-        let content_digest = content_digest(body);
-        let params = signature_params(&COVERED_COMPONENTS, created, &self.kid, Some("ed25519"));
-        let status = status.to_string();
+        let content_digest = content_digest(response.body);
+        let status = response.status.to_string();
         let values = [
             status.as_str(),
-            content_type,
+            response.content_type,
             content_digest.as_str(),
-            request_id,
+            response.request_id,
         ];
-        let components: Vec<(&str, &str)> =
-            COVERED_COMPONENTS.iter().copied().zip(values).collect();
-        let base = signature_base(&components, &params);
+        let mut components: Vec<(String, &str)> = RESPONSE_COMPONENTS
+            .iter()
+            .map(|name| identifier(name, false))
+            .zip(values)
+            .collect();
+        components.push((identifier("@method", true), &request.method));
+        components.push((identifier("@path", true), &request.path));
+        if let BodyDigest::Read(digest) = &request.body {
+            components.push((identifier("content-digest", true), digest));
+        }
+        if let Some(nonce) = &request.nonce {
+            components.push((identifier(NONCE_HEADER, false), nonce.as_str()));
+        }
+        let identifiers: Vec<&str> = components.iter().map(|(id, _)| id.as_str()).collect();
+        let params = signature_params(&identifiers, created, &self.kid, Some("ed25519"));
+        let lines: Vec<(&str, &str)> = components
+            .iter()
+            .map(|(id, value)| (id.as_str(), *value))
+            .collect();
+        let base = signature_base(&lines, &params);
         let signature = self.key.sign(base.as_bytes());
         SignatureHeaders {
             content_digest,
             signature_input: format!("{LABEL}={params}"),
             signature: format!("{LABEL}=:{}:", STANDARD.encode(signature.to_bytes())),
         }
+    }
+}
+
+/// What a signature covers of the response itself.
+#[derive(Clone, Copy, Debug)]
+pub struct SignedResponse<'a> {
+    pub status: u16,
+    pub content_type: &'a str,
+    pub request_id: &'a str,
+    pub body: &'a [u8],
+}
+
+/// What a signature covers of the request a response answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnsweredRequest {
+    /// `@method`: as received (`POST`).
+    pub method: String,
+    /// `@path`: the request target's path as received, percent-encoding kept.
+    pub path: String,
+    pub body: BodyDigest,
+    /// Echoed in the response and covered, when the client sent a valid one.
+    pub nonce: Option<ClientNonce>,
+}
+
+/// The request body's `Content-Digest` as the service computed it from the
+/// bytes it read (a digest the client sent is not taken on trust: it might
+/// not describe the body the service judged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyDigest {
+    /// The body was read to its end: `sha-256=:…:` of those bytes.
+    Read(String),
+    /// The service answered before reading the body whole (413 by
+    /// `Content-Length`, 408, 415): the answer says nothing of its content,
+    /// and its signature covers no `"content-digest";req`.
+    NotRead,
+}
+
+/// A client's nonce: 1 to 128 visible ASCII characters other than `"` and
+/// `\`, so that it is one token in a header and in the signature base.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientNonce(String);
+
+impl ClientNonce {
+    /// `None` for anything else, which is then not echoed (a client that
+    /// sent a nonce and finds no echo must refuse the response).
+    pub fn parse(text: &str) -> Option<ClientNonce> {
+        let valid = !text.is_empty()
+            && text.len() <= MAX_NONCE_CHARS
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+        valid.then(|| ClientNonce(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A component identifier as it appears in the signature base and in
+/// `Signature-Input`: `"name"`, or `"name";req` for the request's.
+pub fn identifier(name: &str, of_request: bool) -> String {
+    if of_request {
+        format!("\"{name}\";req")
+    } else {
+        format!("\"{name}\"")
     }
 }
 
@@ -181,22 +276,31 @@ pub fn content_digest(body: &[u8]) -> String {
     format!("sha-256=:{}:", STANDARD.encode(Sha256::digest(body)))
 }
 
-/// The `@signature-params` value (an inner list with parameters).
-pub fn signature_params(components: &[&str], created: i64, kid: &str, alg: Option<&str>) -> String {
-    let list: Vec<String> = components.iter().map(|c| format!("\"{c}\"")).collect();
-    let mut out = format!("({});created={created};keyid=\"{kid}\"", list.join(" "));
+/// The `@signature-params` value (an inner list with parameters) of
+/// component identifiers (see [`identifier`]).
+pub fn signature_params(
+    identifiers: &[&str],
+    created: i64,
+    kid: &str,
+    alg: Option<&str>,
+) -> String {
+    let mut out = format!(
+        "({});created={created};keyid=\"{kid}\"",
+        identifiers.join(" ")
+    );
     if let Some(alg) = alg {
         out.push_str(&format!(";alg=\"{alg}\""));
     }
     out
 }
 
-/// RFC 9421 §2.5 signature base: one line per component, then the
-/// `@signature-params` line, joined by LF with no trailing newline.
+/// RFC 9421 §2.5 signature base: one line per component (identifier, see
+/// [`identifier`], and value), then the `@signature-params` line, joined by
+/// LF with no trailing newline.
 pub fn signature_base(components: &[(&str, &str)], params: &str) -> String {
     let mut base = String::new();
-    for (name, value) in components {
-        base.push_str(&format!("\"{name}\": {}\n", value.trim()));
+    for (identifier, value) in components {
+        base.push_str(&format!("{identifier}: {}\n", value.trim()));
     }
     base.push_str(&format!("\"@signature-params\": {params}"));
     base
@@ -256,7 +360,7 @@ MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF
         // RFC 9421 appendix B.2.6: Ed25519 is deterministic, so the signature
         // over the same base must be the published one, byte for byte.
         let key = SigningKey::from_pkcs8_pem(RFC_TEST_KEY).unwrap();
-        let components = [
+        let named = [
             ("date", "Tue, 20 Apr 2021 02:07:55 GMT"),
             ("@method", "POST"),
             ("@path", "/foo"),
@@ -264,8 +368,14 @@ MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF
             ("content-type", "application/json"),
             ("content-length", "18"),
         ];
-        let names: Vec<&str> = components.iter().map(|(n, _)| *n).collect();
-        let params = signature_params(&names, 1618884473, "test-key-ed25519", None);
+        let identifiers: Vec<String> = named.iter().map(|(n, _)| identifier(n, false)).collect();
+        let components: Vec<(&str, &str)> = identifiers
+            .iter()
+            .map(String::as_str)
+            .zip(named.iter().map(|(_, v)| *v))
+            .collect();
+        let ids: Vec<&str> = identifiers.iter().map(String::as_str).collect();
+        let params = signature_params(&ids, 1618884473, "test-key-ed25519", None);
         let base = signature_base(&components, &params);
         let signature = STANDARD.encode(key.sign(base.as_bytes()).to_bytes());
         assert_eq!(
@@ -283,10 +393,46 @@ MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF
         );
     }
 
+    fn request(path: &str, body: &[u8], nonce: Option<&str>) -> AnsweredRequest {
+        AnsweredRequest {
+            method: "POST".into(),
+            path: path.into(),
+            body: BodyDigest::Read(content_digest(body)),
+            nonce: nonce.and_then(ClientNonce::parse),
+        }
+    }
+
+    /// The base a verifier builds from the response and its own request.
+    fn base_for(params: &str, status: &str, body: &[u8], request: &AnsweredRequest) -> String {
+        let digest = content_digest(body);
+        let mut lines = vec![
+            ("\"@status\"", status),
+            ("\"content-type\"", "application/json"),
+            ("\"content-digest\"", digest.as_str()),
+            ("\"x-request-id\"", "modr_1"),
+            ("\"@method\";req", request.method.as_str()),
+            ("\"@path\";req", request.path.as_str()),
+        ];
+        if let BodyDigest::Read(d) = &request.body {
+            lines.push(("\"content-digest\";req", d.as_str()));
+        }
+        if let Some(nonce) = &request.nonce {
+            lines.push(("\"x-client-nonce\"", nonce.as_str()));
+        }
+        signature_base(&lines, params)
+    }
+
     #[test]
-    fn response_signature_verifies_and_binds_status_and_body() {
+    fn response_signature_binds_status_body_and_the_request() {
         let signer = ResponseSigner::new(SigningKey::from_bytes(&[7u8; 32]), vec![]);
-        let headers = signer.sign_response(200, "application/json", "modr_1", b"{}", 1_700_000_000);
+        let asked = request("/v1/moderate", b"{\"harmless\"}", Some("n-1"));
+        let response = SignedResponse {
+            status: 200,
+            content_type: "application/json",
+            request_id: "modr_1",
+            body: b"{}",
+        };
+        let headers = signer.sign_response(&response, &asked, 1_700_000_000);
         let public = signer.key.verifying_key();
         let raw = headers
             .signature
@@ -294,31 +440,39 @@ MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF
             .trim_end_matches(':');
         let signature = Signature::from_slice(&STANDARD.decode(raw).unwrap()).unwrap();
         let params = headers.signature_input.trim_start_matches("sig1=");
-        let base_for = |status: &str, body: &[u8]| {
-            let digest = content_digest(body);
-            signature_base(
-                &[
-                    ("@status", status),
-                    ("content-type", "application/json"),
-                    ("content-digest", &digest),
-                    ("x-request-id", "modr_1"),
-                ],
-                params,
-            )
+        let verifies = |status: &str, body: &[u8], request: &AnsweredRequest| {
+            public
+                .verify(
+                    base_for(params, status, body, request).as_bytes(),
+                    &signature,
+                )
+                .is_ok()
         };
-        assert!(public
-            .verify(base_for("200", b"{}").as_bytes(), &signature)
-            .is_ok());
-        assert!(public
-            .verify(base_for("500", b"{}").as_bytes(), &signature)
-            .is_err());
-        assert!(public
-            .verify(base_for("200", b"{ }").as_bytes(), &signature)
-            .is_err());
+        assert!(verifies("200", b"{}", &asked));
+        assert!(!verifies("500", b"{}", &asked));
+        assert!(!verifies("200", b"{ }", &asked));
+        let other_body = request("/v1/moderate", b"{\"harmful\"}", Some("n-1"));
+        assert!(!verifies("200", b"{}", &other_body));
+        let other_path = request("/v1/moderations", b"{\"harmless\"}", Some("n-1"));
+        assert!(!verifies("200", b"{}", &other_path));
+        let other_nonce = request("/v1/moderate", b"{\"harmless\"}", Some("n-2"));
+        assert!(!verifies("200", b"{}", &other_nonce));
+        assert!(params.starts_with(
+            "(\"@status\" \"content-type\" \"content-digest\" \"x-request-id\" \"@method\";req \"@path\";req \"content-digest\";req \"x-client-nonce\");"
+        ));
         assert!(headers
             .signature_input
             .contains(&format!("keyid=\"{}\"", signer.kid())));
         assert!(headers.signature_input.ends_with(";alg=\"ed25519\""));
+    }
+
+    #[test]
+    fn nonces_are_single_visible_tokens() {
+        assert!(ClientNonce::parse("abc-123_~!").is_some());
+        assert!(ClientNonce::parse(&"a".repeat(128)).is_some());
+        for bad in ["", "a b", "a\"b", "a\\b", "é", &"a".repeat(129)] {
+            assert_eq!(ClientNonce::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -158,6 +158,16 @@ impl Pepper {
         }
     }
 
+    /// A key for another use of the same secret, so that one secret (shared
+    /// by every replica already) serves both. Never equal to a key hash: their
+    /// input always holds a `:`, and a label must not.
+    pub fn derive(&self, label: &str) -> [u8; 32] {
+        assert!(!label.contains(':'), "a label is never a key hash's input");
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(label.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     fn hash(&self, id: &KeyId, secret: &str) -> Vec<u8> {
         // HMAC accepts keys of any length.
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");

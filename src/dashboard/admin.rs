@@ -15,11 +15,12 @@ use super::keys::{
     CreateKeyForm, KeyRefused, RevokeTarget,
 };
 use super::pages::{
-    render, AccountPage, AccountRow, AccountsPage, NewKeyView, SetPasswordPage, TierOption,
+    render, AccountPage, AccountRow, AccountsPage, NewKeyView, PasswordResetView, SetPasswordPage,
+    TierOption,
 };
 use super::session::{check_form_token, new_form_token, random_token, token_hash, Admin, CsrfForm};
 use super::usage::{daily_usage, usage_view};
-use crate::access::{Account, AccountId, Email, Password, Plan, Role, Tier};
+use crate::access::{Account, AccountId, Email, Password, PasswordHash, Plan, Role, Tier};
 use crate::http::AppState;
 use crate::store::{AccountListing, StoreError};
 
@@ -151,11 +152,7 @@ pub(super) async fn insert_new_account(
     password: Option<Password>,
 ) -> Result<Result<Account, String>, DashError> {
     let hash = match password {
-        Some(p) => Some(
-            tokio::task::spawn_blocking(move || p.hash())
-                .await
-                .map_err(|e| DashError::Internal(format!("password hash: {e}")))?,
-        ),
+        Some(p) => Some(hash_password(p).await?),
         None => None,
     };
     let account = Account::new(email, role, plan, hash);
@@ -195,13 +192,7 @@ pub async fn create_account(
         };
     tracing::info!(admin = %admin.0.account.id, account = %account.id, "account created in the dashboard");
     let password_link = if wants_link {
-        let token = random_token();
-        let expires = Utc::now() + chrono::Duration::hours(PASSWORD_LINK_HOURS);
-        state
-            .store
-            .insert_password_token(&token_hash(&token), &account.id, expires)
-            .await?;
-        Some(format!("/dashboard/set-password?token={token}"))
+        Some(issue_password_link(&state, &account.id).await?)
     } else {
         None
     };
@@ -210,6 +201,24 @@ pub async fn create_account(
         password_link,
     };
     accounts_page(&state, &admin, StatusCode::OK, None, Some(created)).await
+}
+
+/// A new one-time link that sets the account's password.
+async fn issue_password_link(state: &AppState, account: &AccountId) -> Result<String, DashError> {
+    let token = random_token();
+    let expires = Utc::now() + chrono::Duration::hours(PASSWORD_LINK_HOURS);
+    state
+        .store
+        .insert_password_token(&token_hash(&token), account, expires)
+        .await?;
+    Ok(format!("/dashboard/set-password?token={token}"))
+}
+
+/// The argon2id hash of a password, off the async threads.
+pub(super) async fn hash_password(password: Password) -> Result<PasswordHash, DashError> {
+    tokio::task::spawn_blocking(move || password.hash())
+        .await
+        .map_err(|e| DashError::Internal(format!("password hash: {e}")))
 }
 
 async fn target_account(state: &AppState, id: &str) -> Result<AccountListing, DashError> {
@@ -230,6 +239,8 @@ struct AccountPageExtras {
     error: Option<String>,
     key_error: Option<String>,
     new_key: Option<NewKeyView>,
+    password_reset: Option<PasswordResetView>,
+    password_error: Option<String>,
 }
 
 async fn account_page(
@@ -259,6 +270,8 @@ async fn account_page(
         is_operator: account.id.is_operator(),
         disabled: account.is_disabled(),
         error: extras.error,
+        password_reset: extras.password_reset,
+        password_error: extras.password_error,
         account: account_row(listing, state),
     };
     Ok((status, render(&page)).into_response())
@@ -413,6 +426,69 @@ pub async fn disable(
 }
 
 #[derive(Deserialize)]
+pub struct ResetPasswordForm {
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// Resets the account's password: to the one given, or (none given) to
+/// none, with a one-time link to set the next. Either way every session
+/// of the account ends, so whoever knew the old password, or holds a
+/// session taken with it, is out.
+pub async fn reset_password(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(id): Path<String>,
+    Form(form): Form<ResetPasswordForm>,
+) -> Result<Response, DashError> {
+    admin.0.check_csrf(&form.csrf_token)?;
+    let listing = target_account(&state, &id).await?;
+    let account = &listing.account;
+    if account.id.is_operator() {
+        return Err(DashError::NotFound);
+    }
+    let password = match form.password.is_empty() {
+        true => None,
+        false => match Password::new(form.password) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let extras = AccountPageExtras {
+                    password_error: Some(e.to_string()),
+                    ..AccountPageExtras::default()
+                };
+                return account_page(&state, &admin, &listing, StatusCode::BAD_REQUEST, extras)
+                    .await;
+            }
+        },
+    };
+    let hash = match password {
+        Some(p) => Some(hash_password(p).await?),
+        None => None,
+    };
+    // An admin resetting their own password keeps the session doing it.
+    let keep = (account.id == admin.0.account.id).then_some(admin.0.session_hash.as_slice());
+    if !state
+        .store
+        .set_account_password(&account.id, hash.as_ref(), keep)
+        .await?
+    {
+        return Err(DashError::NotFound);
+    }
+    let link = match hash {
+        Some(_) => None,
+        None => Some(issue_password_link(&state, &account.id).await?),
+    };
+    tracing::info!(admin = %admin.0.account.id, account = %account.id, link = link.is_some(), "password reset by an admin");
+    let extras = AccountPageExtras {
+        password_reset: Some(PasswordResetView { link }),
+        ..AccountPageExtras::default()
+    };
+    account_page(&state, &admin, &listing, StatusCode::OK, extras).await
+}
+
+#[derive(Deserialize)]
 pub struct TokenQuery {
     #[serde(default)]
     token: String,
@@ -477,7 +553,7 @@ pub async fn set_password(
     Query(query): Query<TokenQuery>,
     Form(mut form): Form<SetPasswordForm>,
 ) -> Result<Response, DashError> {
-    check_form_token(&headers, &form.csrf_token)?;
+    check_form_token(&state, &headers, &form.csrf_token)?;
     // The page's form carries the token in a hidden field; a client that
     // posts back to the link itself carries it in the query.
     if form.token.is_empty() {
@@ -502,10 +578,12 @@ pub async fn set_password(
     let Some(account) = account else {
         return Ok(invalid_link_page(&state));
     };
-    let hash = tokio::task::spawn_blocking(move || password.hash())
-        .await
-        .map_err(|e| DashError::Internal(format!("password hash: {e}")))?;
-    state.store.set_account_password(&account, &hash).await?;
+    let hash = hash_password(password).await?;
+    // Whoever held a session of the account (before a reset, say) is out.
+    state
+        .store
+        .set_account_password(&account, Some(&hash), None)
+        .await?;
     tracing::info!(account = %account, "password set through a one-time link");
     Ok(Redirect::to("/dashboard/login").into_response())
 }

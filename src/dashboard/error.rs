@@ -16,6 +16,11 @@ pub enum DashError {
     /// A state-changing request without the form's valid CSRF token.
     #[error("the form has expired or did not come from this site: reload the page and try again")]
     Forbidden,
+    /// A state-changing request from a page of another origin.
+    #[error(
+        "this form was sent from another site: open the dashboard at its own address and try again"
+    )]
+    CrossOrigin,
     /// No valid session: off to the sign-in page.
     #[error("sign in first")]
     SignInRequired,
@@ -29,7 +34,7 @@ impl IntoResponse for DashError {
     fn into_response(self) -> Response {
         let status = match &self {
             DashError::NotFound => StatusCode::NOT_FOUND,
-            DashError::Forbidden => StatusCode::FORBIDDEN,
+            DashError::Forbidden | DashError::CrossOrigin => StatusCode::FORBIDDEN,
             DashError::SignInRequired => {
                 return Redirect::to("/dashboard/login").into_response();
             }

@@ -8,8 +8,10 @@
 //! exactly as the CLI makes them, and the API's own key path (cache,
 //! revocation, plans) applies to them unchanged.
 
+mod account;
 mod admin;
 mod attempts;
+mod csrf;
 mod error;
 mod form;
 mod housekeeping;
@@ -47,6 +49,11 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route("/usage", get(usage::page))
         .route("/usage.csv", get(usage::csv))
         .route("/plan", get(keys::plan))
+        .route("/account", get(account::page))
+        .route(
+            "/account/password",
+            axum::routing::post(account::change_password),
+        )
         .route(
             "/admin/accounts",
             get(admin::accounts).post(admin::create_account),
@@ -55,6 +62,10 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route(
             "/admin/accounts/{id}/plan",
             axum::routing::post(admin::set_plan),
+        )
+        .route(
+            "/admin/accounts/{id}/password",
+            axum::routing::post(admin::reset_password),
         )
         .route(
             "/admin/accounts/{id}/disable",
@@ -76,6 +87,7 @@ pub fn router(_state: AppState) -> Router<AppState> {
         .route("/static/style.css", get(stylesheet))
         .route("/static/copy.js", get(script))
         .fallback(|| async { DashError::NotFound })
+        .layer(middleware::from_fn(csrf::same_origin_only))
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(
             form::MAX_FORM_BYTES,

@@ -184,6 +184,26 @@ pub struct AccountPage {
     pub is_operator: bool,
     pub disabled: bool,
     pub error: Option<String>,
+    /// A password reset just made.
+    pub password_reset: Option<PasswordResetView>,
+    pub password_error: Option<String>,
+}
+
+/// A password reset by an admin, shown once: with the one-time link when
+/// no new password was given.
+pub struct PasswordResetView {
+    pub link: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/account.html")]
+pub struct OwnAccountPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub email: String,
+    pub role: String,
+    pub changed: bool,
+    pub error: Option<String>,
 }
 
 #[derive(Template)]

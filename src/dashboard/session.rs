@@ -6,8 +6,10 @@
 //! its SHA-256, with the account, the session's CSRF token and its expiry
 //! (extended on every request: idle expiry). Forms shown before sign-in
 //! (sign-in, sign-up, set-password) carry a token that must equal the one
-//! in a short-lived pre-session cookie (double submit), which another site
-//! can neither read nor set.
+//! in a short-lived pre-session cookie (double submit) and be one the
+//! server signed within the hour (see `csrf`). With `cookie_secure` every
+//! cookie is named `__Host-…` (so `Path=/`, `Secure`, no `Domain`): a
+//! sibling subdomain cannot plant one.
 //!
 //! The lockout follows OWASP's "Slow Down Online Guessing Attacks with
 //! Device Cookies": a successful sign-in leaves a long-lived device cookie
@@ -37,21 +39,43 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::csrf::FormTokenKey;
 use super::error::DashError;
 use super::pages::{render, LoginPage, Nav};
 use crate::access::client::client_key;
 use crate::access::{Account, Email, Password, Role};
 use crate::http::auth::client_address;
 use crate::http::AppState;
-use crate::store::{Attempts, NewSession, SignInFailures};
+use crate::store::{Attempts, NewSession, SessionUse, SignInFailures};
 
-pub const SESSION_COOKIE: &str = "moderato_session";
-/// The pre-session CSRF cookie of the forms shown before sign-in.
-pub const FORM_COOKIE: &str = "moderato_form";
+/// The dashboard's cookies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CookieName {
+    Session,
+    /// The pre-session CSRF cookie of the forms shown before sign-in.
+    Form,
+    /// The device cookie a browser gets at sign-in.
+    Device,
+}
+
+impl CookieName {
+    /// The name a browser holds it under: `__Host-` when cookies are
+    /// `Secure` (browsers refuse the prefix otherwise).
+    pub fn name(self, secure: bool) -> &'static str {
+        match (self, secure) {
+            (CookieName::Session, true) => "__Host-moderato_session",
+            (CookieName::Session, false) => "moderato_session",
+            (CookieName::Form, true) => "__Host-moderato_form",
+            (CookieName::Form, false) => "moderato_form",
+            (CookieName::Device, true) => "__Host-moderato_device",
+            (CookieName::Device, false) => "moderato_device",
+        }
+    }
+}
+
 /// How long a pre-session form stays valid.
-const FORM_COOKIE_SECONDS: u32 = 3600;
-/// The device cookie a browser gets at sign-in, and how long it lasts.
-pub const DEVICE_COOKIE: &str = "moderato_device";
+const FORM_COOKIE_SECONDS: u32 = super::csrf::FORM_TOKEN_SECONDS as u32;
+/// How long a device cookie lasts.
 const DEVICE_COOKIE_DAYS: u32 = 180;
 
 /// Failed sign-ins counted per account and per address, and over what time.
@@ -100,29 +124,59 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
-/// A `Set-Cookie` value scoped to the dashboard. `max_age` 0 deletes it.
-fn cookie_header(state: &AppState, name: &str, value: &str, max_age: Option<u32>) -> HeaderValue {
-    let mut text = format!("{name}={value}; Path=/dashboard; HttpOnly; SameSite=Strict");
+/// The request's cookie `which`, under its configured name.
+pub fn dashboard_cookie<'a>(
+    state: &AppState,
+    headers: &'a HeaderMap,
+    which: CookieName,
+) -> Option<&'a str> {
+    cookie(headers, which.name(state.dashboard.cookie_secure))
+}
+
+/// A `Set-Cookie` value for the dashboard. `max_age` 0 deletes it. A
+/// `__Host-` cookie must have `Path=/`; without the prefix, the cookie
+/// stays on `/dashboard`.
+fn cookie_header(
+    state: &AppState,
+    which: CookieName,
+    value: &str,
+    max_age: Option<u32>,
+) -> HeaderValue {
+    let secure = state.dashboard.cookie_secure;
+    let path = if secure { "/" } else { "/dashboard" };
+    let name = which.name(secure);
+    let mut text = format!("{name}={value}; Path={path}; HttpOnly; SameSite=Strict");
     if let Some(seconds) = max_age {
         text.push_str(&format!("; Max-Age={seconds}"));
     }
-    if state.dashboard.cookie_secure {
+    if secure {
         text.push_str("; Secure");
     }
     HeaderValue::from_str(&text).expect("cookie values are base64url")
 }
 
-/// A fresh pre-session form token and the cookie that carries it.
+fn form_token_key(state: &AppState) -> FormTokenKey {
+    FormTokenKey::new(&state.pepper)
+}
+
+/// A fresh pre-session form token, signed by the server, and the cookie
+/// that carries it.
 pub fn new_form_token(state: &AppState) -> (String, HeaderValue) {
-    let token = random_token();
-    let header = cookie_header(state, FORM_COOKIE, &token, Some(FORM_COOKIE_SECONDS));
+    let token = form_token_key(state).issue(Utc::now().timestamp());
+    let header = cookie_header(state, CookieName::Form, &token, Some(FORM_COOKIE_SECONDS));
     (token, header)
 }
 
-/// Checks a pre-session form's token against its cookie (403 otherwise).
-pub fn check_form_token(headers: &HeaderMap, given: &str) -> Result<(), DashError> {
-    match cookie(headers, FORM_COOKIE) {
-        Some(expected) if tokens_match(expected, given) => Ok(()),
+/// Checks a pre-session form's token: equal to its cookie's, and signed by
+/// the server within the hour (403 otherwise).
+pub fn check_form_token(
+    state: &AppState,
+    headers: &HeaderMap,
+    given: &str,
+) -> Result<(), DashError> {
+    let signed = form_token_key(state).is_valid(given, Utc::now().timestamp());
+    match dashboard_cookie(state, headers, CookieName::Form) {
+        Some(expected) if signed && tokens_match(expected, given) => Ok(()),
         _ => Err(DashError::Forbidden),
     }
 }
@@ -132,6 +186,9 @@ pub fn check_form_token(headers: &HeaderMap, given: &str) -> Result<(), DashErro
 pub struct SignedIn {
     pub account: Account,
     pub csrf_token: String,
+    /// What the store keeps of this session's id: the session a password
+    /// change by its owner keeps, when it ends all others.
+    pub session_hash: Vec<u8>,
 }
 
 impl SignedIn {
@@ -157,11 +214,12 @@ impl FromRequestParts<AppState> for SignedIn {
     type Rejection = DashError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, DashError> {
-        let id = cookie(&parts.headers, SESSION_COOKIE).ok_or(DashError::SignInRequired)?;
-        let now = Utc::now();
+        let id = dashboard_cookie(state, &parts.headers, CookieName::Session)
+            .ok_or(DashError::SignInRequired)?;
+        let session_hash = token_hash(id);
         let session = state
             .store
-            .touch_session(&token_hash(id), now, idle_expiry(state, now))
+            .touch_session(&session_hash, &session_use(state, Utc::now()))
             .await?
             .ok_or(DashError::SignInRequired)?;
         let account = state
@@ -173,6 +231,7 @@ impl FromRequestParts<AppState> for SignedIn {
         Ok(SignedIn {
             account,
             csrf_token: session.csrf_token,
+            session_hash,
         })
     }
 }
@@ -195,6 +254,18 @@ impl FromRequestParts<AppState> for Admin {
 
 fn idle_expiry(state: &AppState, now: DateTime<Utc>) -> DateTime<Utc> {
     now + chrono::Duration::minutes(i64::from(state.dashboard.session_idle_minutes))
+}
+
+/// A use of a session now: alive if used within the idle time and signed in
+/// within the maximum lifetime (which, unlike the idle expiry, use does not
+/// move).
+fn session_use(state: &AppState, now: DateTime<Utc>) -> SessionUse {
+    let lifetime = chrono::Duration::hours(i64::from(state.dashboard.session_max_lifetime_hours));
+    SessionUse {
+        now,
+        expires_at: idle_expiry(state, now),
+        created_after: now - lifetime,
+    }
 }
 
 pub async fn login_page(State(state): State<AppState>) -> Response {
@@ -243,7 +314,7 @@ pub async fn login(
     headers: HeaderMap,
     Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
-    check_form_token(&headers, &form.csrf_token)?;
+    check_form_token(&state, &headers, &form.csrf_token)?;
     let address =
         client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
     // Failures are keyed by the address as typed (lower-cased), so that
@@ -297,7 +368,7 @@ pub async fn login(
     };
     // A new session id at every sign-in; the one the browser held (if any)
     // ends, so a planted session id is worth nothing.
-    if let Some(old) = cookie(&headers, SESSION_COOKIE) {
+    if let Some(old) = dashboard_cookie(&state, &headers, CookieName::Session) {
         state.store.delete_session(&token_hash(old)).await?;
     }
     let session_id = random_token();
@@ -321,9 +392,12 @@ pub async fn login(
     let headers = response.headers_mut();
     headers.append(
         SET_COOKIE,
-        cookie_header(&state, SESSION_COOKIE, &session_id, None),
+        cookie_header(&state, CookieName::Session, &session_id, None),
     );
-    headers.append(SET_COOKIE, cookie_header(&state, FORM_COOKIE, "", Some(0)));
+    headers.append(
+        SET_COOKIE,
+        cookie_header(&state, CookieName::Form, "", Some(0)),
+    );
     if let Some(device_cookie) = new_device {
         headers.append(SET_COOKIE, device_cookie);
     }
@@ -333,13 +407,14 @@ pub async fn login(
 /// The SHA-256 of the request's device cookie when it is a valid one of
 /// `account` (this browser signed in to it before); `None` otherwise, also
 /// for a cookie of another account or one nobody issued.
-async fn trusted_device(
+pub(super) async fn trusted_device(
     state: &AppState,
     headers: &HeaderMap,
     account: Option<&Account>,
     now: DateTime<Utc>,
 ) -> Result<Option<Vec<u8>>, DashError> {
-    let (Some(token), Some(account)) = (cookie(headers, DEVICE_COOKIE), account) else {
+    let device = dashboard_cookie(state, headers, CookieName::Device);
+    let (Some(token), Some(account)) = (device, account) else {
         return Ok(None);
     };
     let hash = token_hash(token);
@@ -350,7 +425,7 @@ async fn trusted_device(
 /// Whether an attempt is refused, and for how many seconds. A trusted device
 /// answers only for its own failures; any other client for its address's
 /// and for the account's failures made without a device cookie.
-fn lockout(
+pub(super) fn lockout(
     failures: &SignInFailures,
     trusted_device: bool,
     window: chrono::Duration,
@@ -382,7 +457,7 @@ async fn issue_device(
         .await?;
     Ok(cookie_header(
         state,
-        DEVICE_COOKIE,
+        CookieName::Device,
         &token,
         Some(DEVICE_COOKIE_DAYS * 24 * 3600),
     ))
@@ -390,7 +465,7 @@ async fn issue_device(
 
 /// Whether `password` is the account's (enabled, with a password). Costs
 /// one argon2 verification whatever the case, off the async threads.
-async fn verify(account: Option<&Account>, password: String) -> Result<bool, DashError> {
+pub(super) async fn verify(account: Option<&Account>, password: String) -> Result<bool, DashError> {
     let hash = account
         .filter(|a| !a.is_disabled())
         .and_then(|a| a.password_hash.clone());
@@ -423,13 +498,13 @@ pub async fn logout(
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, DashError> {
     user.check_csrf(&form.csrf_token)?;
-    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+    if let Some(id) = dashboard_cookie(&state, &headers, CookieName::Session) {
         state.store.delete_session(&token_hash(id)).await?;
     }
     let mut response = Redirect::to("/dashboard/login").into_response();
     response.headers_mut().append(
         SET_COOKIE,
-        cookie_header(&state, SESSION_COOKIE, "", Some(0)),
+        cookie_header(&state, CookieName::Session, "", Some(0)),
     );
     Ok(response)
 }
@@ -445,7 +520,7 @@ mod tests {
             COOKIE,
             HeaderValue::from_static("a=1; moderato_session_x=2; moderato_session=abc"),
         );
-        assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers, "moderato_session"), Some("abc"));
         assert_eq!(cookie(&headers, "b"), None);
     }
 

@@ -76,7 +76,7 @@ pub async fn signup(
     Form(form): Form<CredentialsForm>,
 ) -> Result<Response, DashError> {
     signup_open(&state)?;
-    check_form_token(&headers, &form.csrf_token)?;
+    check_form_token(&state, &headers, &form.csrf_token)?;
     let address =
         client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
     let now = Utc::now();

@@ -212,7 +212,7 @@ fn integer_header(description: &str) -> Header {
         .build()
 }
 
-fn signed_response_headers() -> [(&'static str, Header); 4] {
+fn signed_response_headers() -> [(&'static str, Header); 5] {
     [
         (
             "X-Request-Id",
@@ -224,7 +224,11 @@ fn signed_response_headers() -> [(&'static str, Header); 4] {
         ),
         (
             "Signature-Input",
-            string_header("RFC 9421: `sig1=(\"@status\" \"content-type\" \"content-digest\" \"x-request-id\");created=...;keyid=\"...\";alg=\"ed25519\"`."),
+            string_header("RFC 9421: `sig1=(\"@status\" \"content-type\" \"content-digest\" \"x-request-id\" \"@method\";req \"@path\";req \"content-digest\";req \"x-client-nonce\");created=...;keyid=\"...\";alg=\"ed25519\"`: the response and the request it answers. `\"content-digest\";req` (the SHA-256 of the request body the service read) is left out only when the service answered without reading the body (408, 413, 415); `\"x-client-nonce\"` only when the request sent none."),
+        ),
+        (
+            "X-Client-Nonce",
+            string_header("The request's `X-Client-Nonce` (1 to 128 visible ASCII characters, no `\"` or `\\`), echoed and covered by the signature; absent when the request sent none or an invalid one."),
         ),
         (
             "Signature",

@@ -102,6 +102,17 @@ pub struct NewSession {
     pub expires_at: DateTime<Utc>,
 }
 
+/// One use of a dashboard session. The session is alive if it is not past
+/// its (idle) expiry and was created after `created_after` (its absolute
+/// lifetime, which use does not move); it is then marked seen at `now` and
+/// extended to `expires_at`.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionUse {
+    pub now: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub created_after: DateTime<Utc>,
+}
+
 /// A live dashboard session.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Session {
@@ -181,11 +192,17 @@ pub trait Store: Send + Sync + 'static {
     async fn account_by_email(&self, email: &Email) -> Result<Option<Account>, StoreError>;
     /// All accounts, oldest first, with their latest activity.
     async fn list_accounts(&self) -> Result<Vec<AccountListing>, StoreError>;
-    /// `Ok(false)` if there is no such account.
+    /// Sets the account's password (`None`: no password, so no sign-in,
+    /// until a one-time link sets one) and, in the same transaction, ends
+    /// every session of the account but `keep_session` (the id hash of the
+    /// session that made the change, if any): whoever held the old password
+    /// or a session taken with it is out. `Ok(false)` if there is no such
+    /// account, or it is the operator account.
     async fn set_account_password(
         &self,
         id: &AccountId,
-        hash: &PasswordHash,
+        hash: Option<&PasswordHash>,
+        keep_session: Option<&[u8]>,
     ) -> Result<bool, StoreError>;
     /// Sets the account's plan, which every key it owns reads from it.
     /// `Ok(false)` if there is no such account or it is the operator
@@ -212,13 +229,13 @@ pub trait Store: Send + Sync + 'static {
         -> Result<bool, StoreError>;
 
     async fn insert_session(&self, session: &NewSession) -> Result<(), StoreError>;
-    /// The unexpired session whose id hashes to `id_hash`, marked seen at
-    /// `now` and extended to `expires_at`; `None` if missing or expired.
+    /// The live session whose id hashes to `id_hash` (see [`SessionUse`]),
+    /// marked seen and extended; `None` if missing, idle past its expiry or
+    /// past its absolute lifetime.
     async fn touch_session(
         &self,
         id_hash: &[u8],
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
+        used: &SessionUse,
     ) -> Result<Option<Session>, StoreError>;
     async fn delete_session(&self, id_hash: &[u8]) -> Result<(), StoreError>;
 

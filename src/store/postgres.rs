@@ -14,7 +14,7 @@ use super::common::{
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, Session, SignInFailures, Store, StoreError,
+    Period, Session, SessionUse, SignInFailures, Store, StoreError,
 };
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
@@ -309,15 +309,27 @@ impl Store for PostgresStore {
     async fn set_account_password(
         &self,
         id: &AccountId,
-        hash: &PasswordHash,
+        hash: Option<&PasswordHash>,
+        keep_session: Option<&[u8]>,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
         let done = sqlx::query("UPDATE accounts SET password_hash = $2 WHERE id = $1 AND id <> $3")
             .bind(id.as_str())
-            .bind(hash.as_str())
+            .bind(hash.map(PasswordHash::as_str))
             .bind(AccountId::OPERATOR)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
+        // `IS DISTINCT FROM`: with no session to keep, every session ends.
+        sqlx::query(
+            "DELETE FROM dashboard_sessions WHERE account_id = $1 AND id_hash IS DISTINCT FROM $2",
+        )
+        .bind(id.as_str())
+        .bind(keep_session)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        tx.commit().await.map_err(map_sqlx)?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -475,17 +487,17 @@ impl Store for PostgresStore {
     async fn touch_session(
         &self,
         id_hash: &[u8],
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
+        used: &SessionUse,
     ) -> Result<Option<Session>, StoreError> {
         let row = sqlx::query(
             "UPDATE dashboard_sessions SET last_seen = $2, expires_at = $3 \
-             WHERE id_hash = $1 AND expires_at > $2 \
+             WHERE id_hash = $1 AND expires_at > $2 AND created_at > $4 \
              RETURNING account_id, csrf_token, expires_at",
         )
         .bind(id_hash)
-        .bind(now)
-        .bind(expires_at)
+        .bind(used.now)
+        .bind(used.expires_at)
+        .bind(used.created_after)
         .fetch_optional(&self.pool)
         .await
         .map_err(map_sqlx)?;

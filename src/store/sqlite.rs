@@ -22,7 +22,7 @@ use super::common::{
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, Session, SignInFailures, Store, StoreError,
+    Period, Session, SessionUse, SignInFailures, Store, StoreError,
 };
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
@@ -416,15 +416,29 @@ impl Store for SqliteStore {
     async fn set_account_password(
         &self,
         id: &AccountId,
-        hash: &PasswordHash,
+        hash: Option<&PasswordHash>,
+        keep_session: Option<&[u8]>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE accounts SET password_hash = ? WHERE id = ? AND id <> ?")
-            .bind(hash.as_str())
-            .bind(id.as_str())
-            .bind(AccountId::OPERATOR)
-            .execute(&self.pool)
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_sqlx)?;
+        let done = sqlx::query("UPDATE accounts SET password_hash = ? WHERE id = ? AND id <> ?")
+            .bind(hash.map(PasswordHash::as_str))
+            .bind(id.as_str())
+            .bind(AccountId::OPERATOR)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        // `IS NOT`: with no session to keep, every session ends.
+        sqlx::query("DELETE FROM dashboard_sessions WHERE account_id = ? AND id_hash IS NOT ?")
+            .bind(id.as_str())
+            .bind(keep_session)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        tx.commit().await.map_err(map_sqlx)?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -575,17 +589,17 @@ impl Store for SqliteStore {
     async fn touch_session(
         &self,
         id_hash: &[u8],
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
+        used: &SessionUse,
     ) -> Result<Option<Session>, StoreError> {
         let row = sqlx::query(
             "UPDATE dashboard_sessions SET last_seen = ?2, expires_at = ?3 \
-             WHERE id_hash = ?1 AND expires_at > ?2 \
+             WHERE id_hash = ?1 AND expires_at > ?2 AND created_at > ?4 \
              RETURNING account_id, csrf_token, expires_at",
         )
         .bind(id_hash)
-        .bind(timestamp(now))
-        .bind(timestamp(expires_at))
+        .bind(timestamp(used.now))
+        .bind(timestamp(used.expires_at))
+        .bind(timestamp(used.created_after))
         .fetch_optional(&self.pool)
         .await
         .map_err(map_sqlx)?;

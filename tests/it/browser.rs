@@ -12,6 +12,7 @@ use moderato::config::{ImageClassifierKind, TextClassifierKind};
 use crate::dash_client::*;
 use crate::helpers::*;
 use crate::webdriver::Browser;
+use axum::response::IntoResponse;
 
 fn quick(config: &mut moderato::config::Config) {
     config.text_classifier = TextClassifierKind::Lexical;
@@ -225,5 +226,158 @@ async fn admin_changes_a_customers_plan() {
             .await,
         "revoked"
     );
+    browser.close().await;
+}
+
+/// A page of Mallory's on another port of the dashboard's host: the same
+/// site, another origin (as a sibling subdomain would be). It plants the
+/// cookie of a genuine sign-in form of hers (a page there can set cookies
+/// for the host, unless their name is `__Host-` over HTTPS) and posts the
+/// form with her credentials, to sign the visitor in to her account.
+async fn serve_mallorys_page(app: &TestApp) -> String {
+    let mut mallory = Session::new(app);
+    let token = mallory.get("/dashboard/login").await.csrf();
+    let cookie = mallory
+        .cookies
+        .iter()
+        .find(|(name, _)| name.ends_with("moderato_form"))
+        .map(|(_, value)| value.clone())
+        .expect("a form cookie");
+    let html = format!(
+        r#"<!DOCTYPE html><title>Win a prize</title>
+<form method="post" action="{base}/dashboard/login">
+<input type="hidden" name="email" value="mallory@example.com">
+<input type="hidden" name="password" value="{PASSWORD}">
+<input type="hidden" name="csrf_token" value="{token}">
+<button type="submit" data-testid="claim">Claim your prize</button>
+</form>"#,
+        base = app.base
+    );
+    let cookies = [
+        format!("moderato_form={cookie}; Path=/dashboard; SameSite=Strict"),
+        format!("__Host-moderato_form={cookie}; Path=/; Secure; SameSite=Strict"),
+    ];
+    let page = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let (html, cookies) = (html.clone(), cookies.clone());
+            async move {
+                let mut response = axum::response::Html(html).into_response();
+                for cookie in cookies {
+                    response.headers_mut().append(
+                        axum::http::header::SET_COOKIE,
+                        cookie.parse().expect("cookie header"),
+                    );
+                }
+                response
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, page).await });
+    url
+}
+
+/// Issue 26, finding 5, in Chromium: the cookies have `__Host-` names, and
+/// a form posted from another origin does not sign the browser in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookies_are_host_only_and_other_origins_cannot_post() {
+    let app = spawn_app_with(Backend::Sqlite, quick).await;
+    create_account(&app, "alice@example.com", "customer", &["--tier", "free"]);
+    create_account(&app, "mallory@example.com", "customer", &["--tier", "free"]);
+    let browser = Browser::start(&app.base).await;
+
+    sign_in(&browser, "alice@example.com", PASSWORD).await;
+    let cookies = browser.client.get_all_cookies().await.expect("cookies");
+    let names: Vec<String> = cookies.iter().map(|c| c.name().to_string()).collect();
+    for name in ["__Host-moderato_session", "__Host-moderato_device"] {
+        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+    }
+    assert!(
+        names.iter().all(|n| n.starts_with("__Host-")),
+        "cookies without the prefix: {names:?}"
+    );
+    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+
+    let page = serve_mallorys_page(&app).await;
+    browser.client.goto(&page).await.expect("Mallory's page");
+    browser.click(r#"[data-testid="claim"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+    let said = browser.text("main").await;
+    assert!(
+        said.contains("another site"),
+        "the refusal says why: {said:?}"
+    );
+    browser.screenshot("cross-origin-refused").await;
+    browser.goto("/dashboard/keys").await;
+    assert!(
+        browser.path().await.starts_with("/dashboard/login"),
+        "signed in to Mallory's account from her page: at {}",
+        browser.path().await
+    );
+    browser.close().await;
+}
+
+/// Issue 26, finding 4, in Chromium: the owner changes the password on the
+/// account page; the other browser signed in to the account is signed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_changes_the_password_and_other_browsers_are_signed_out() {
+    let app = spawn_app_with(Backend::Postgres, quick).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    let alice = create_account(&app, "alice@example.com", "customer", &["--tier", "free"]);
+    let mut other_browser = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let browser = Browser::start(&app.base).await;
+    sign_in(&browser, "alice@example.com", PASSWORD).await;
+
+    browser
+        .click(r#"header a[href="/dashboard/account"]"#)
+        .await;
+    browser.wait_for_path("/dashboard/account").await;
+    browser.screenshot("account").await;
+    let new_password = "a brand new passphrase";
+    browser
+        .fill(r#"input[name="current_password"]"#, PASSWORD)
+        .await;
+    browser
+        .fill(r#"input[name="new_password"]"#, new_password)
+        .await;
+    browser.click(r#"[data-testid="change-password"]"#).await;
+    browser.wait_for_path("/dashboard/account/password").await;
+    let notice = browser.text(r#"[data-testid="password-changed"]"#).await;
+    assert!(notice.contains("changed"), "{notice:?}");
+    browser.screenshot("account-password-changed").await;
+
+    let page = other_browser.get("/dashboard/keys").await;
+    assert_eq!(page.status, 303, "the other browser is still signed in");
+    browser.goto("/dashboard/keys").await;
+    assert_eq!(
+        browser.path().await,
+        "/dashboard/keys",
+        "this browser stays"
+    );
+
+    // An admin resets it without a new one: a one-time link, and Alice's
+    // sessions end.
+    let mut alice_again = Session::signed_in(&app, "alice@example.com", new_password).await;
+    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+    sign_in(&browser, "root@example.com", PASSWORD).await;
+    let alice_id = alice["id"].as_str().expect("id");
+    browser
+        .goto(&format!("/dashboard/admin/accounts/{alice_id}"))
+        .await;
+    browser.click(r#"[data-testid="reset-password"]"#).await;
+    browser
+        .wait_for_path(&format!("/dashboard/admin/accounts/{alice_id}/password"))
+        .await;
+    let link = browser.text(r#"[data-testid="password-link"]"#).await;
+    assert!(
+        link.starts_with("/dashboard/set-password?token="),
+        "{link:?}"
+    );
+    browser.screenshot("admin-password-reset").await;
+    assert_eq!(alice_again.get("/dashboard/keys").await.status, 303);
     browser.close().await;
 }

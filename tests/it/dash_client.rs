@@ -152,6 +152,21 @@ impl Session {
         self.send(request).await
     }
 
+    /// A POST with extra request headers (what a browser adds: `Origin`,
+    /// `Sec-Fetch-Site`).
+    pub async fn post_with_headers(
+        &mut self,
+        path: &str,
+        form: &[(&str, &str)],
+        headers: &[(&str, &str)],
+    ) -> Page {
+        let mut request = self.http.post(format!("{}{path}", self.base)).form(form);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request).await
+    }
+
     /// GET the login page, then POST the credentials with its token.
     pub async fn sign_in(&mut self, email: &str, password: &str) -> Page {
         let login = self.get("/dashboard/login").await;

@@ -57,6 +57,10 @@ async fn app_from_toml(backend: Backend, toml: &str) -> TestApp {
     spawn_with_config(db, dir, config).await
 }
 
+/// The cookie names with `dashboard.cookie_secure` on (the default).
+const SESSION_COOKIE: &str = "__Host-moderato_session";
+const DEVICE_COOKIE: &str = "__Host-moderato_device";
+
 fn customer(app: &TestApp, email: &str) -> Value {
     create_account(app, email, "customer", &["--tier", "free"])
 }
@@ -110,7 +114,11 @@ async fn login_form_and_strict_session_cookie(backend: Backend) {
     assert!(cookie.has("HttpOnly"), "{cookie:?}");
     assert_eq!(cookie.get("SameSite"), Some("Strict"), "{cookie:?}");
     assert!(cookie.has("Secure"), "Secure by default: {cookie:?}");
-    assert_eq!(cookie.get("Path"), Some("/dashboard"), "{cookie:?}");
+    // `__Host-`: only this host, over HTTPS, can have set it (no sibling
+    // subdomain), which the browser enforces with `Path=/` and no `Domain`.
+    assert_eq!(cookie.name, SESSION_COOKIE, "{cookie:?}");
+    assert_eq!(cookie.get("Path"), Some("/"), "{cookie:?}");
+    assert!(!cookie.has("Domain"), "{cookie:?}");
 
     let keys = session.get("/dashboard/keys").await;
     assert_eq!(keys.status, 200, "{}", keys.body);
@@ -126,6 +134,9 @@ async fn cookie_is_not_secure_when_configured_for_plain_http(backend: Backend) {
     signed_in.assert_see_other("/dashboard/keys");
     let cookie = session_cookie(&signed_in);
     assert!(!cookie.has("Secure"), "{cookie:?}");
+    // A `__Host-` cookie without `Secure` would be refused by browsers.
+    assert_eq!(cookie.name, "moderato_session", "{cookie:?}");
+    assert_eq!(cookie.get("Path"), Some("/dashboard"), "{cookie:?}");
     assert!(cookie.has("HttpOnly"), "{cookie:?}");
     assert_eq!(cookie.get("SameSite"), Some("Strict"), "{cookie:?}");
 }
@@ -215,6 +226,233 @@ async fn age_sessions(app: &TestApp, at: chrono::DateTime<Utc>) {
             .expect("age sessions");
         assert!(done.rows_affected() > 0);
     }
+}
+
+/// Moves every stored session's sign-in time back to `at`, leaving its last
+/// use and its idle expiry as they are.
+async fn age_session_sign_ins(app: &TestApp, at: chrono::DateTime<Utc>) {
+    let sql = "UPDATE dashboard_sessions SET created_at = $1";
+    let affected = if app.db.url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(&app.db.url).await.expect("pg");
+        sqlx::query(sql)
+            .bind(at)
+            .execute(&pool)
+            .await
+            .expect("age")
+            .rows_affected()
+    } else {
+        let pool = sqlx::SqlitePool::connect(&app.db.url)
+            .await
+            .expect("sqlite");
+        sqlx::query(&sql.replace('$', "?"))
+            .bind(at)
+            .execute(&pool)
+            .await
+            .expect("age")
+            .rows_affected()
+    };
+    assert!(affected > 0);
+}
+
+/// Issue 26, finding 4: a session in constant use still ends 7 days (the
+/// default `dashboard.session_max_lifetime_hours`) after its sign-in.
+async fn a_busy_session_ends_at_its_max_lifetime(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    let mut session = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+
+    age_session_sign_ins(&app, Utc::now() - chrono::Duration::days(6)).await;
+    assert_eq!(
+        session.get("/dashboard/keys").await.status,
+        200,
+        "6 days old"
+    );
+
+    // Used a moment ago (so not idle), but signed in 7 days and a minute ago.
+    let signed_in = Utc::now() - chrono::Duration::days(7) - chrono::Duration::minutes(1);
+    age_session_sign_ins(&app, signed_in).await;
+    assert_signed_out(&session.get("/dashboard/keys").await);
+    // Signing in again gives a fresh week.
+    let mut again = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    assert_eq!(again.get("/dashboard/keys").await.status, 200);
+}
+
+/// Changes the password on the account page; returns the answer.
+async fn change_password(session: &mut Session, current: &str, new: &str) -> Page {
+    let page = session.get("/dashboard/account").await;
+    assert_eq!(page.status, 200, "the account page: {}", page.body);
+    assert!(page.has_testid("change-password"), "{}", page.body);
+    let csrf = page.csrf();
+    session
+        .post(
+            "/dashboard/account/password",
+            &[
+                ("current_password", current),
+                ("new_password", new),
+                ("csrf_token", csrf.as_str()),
+            ],
+        )
+        .await
+}
+
+/// Issue 26, finding 4: the owner changes the password on the account page
+/// (the current password required); every other session ends, this one
+/// stays; the old password no longer signs in.
+async fn a_password_change_ends_every_other_session(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    customer(&app, "bob@example.com");
+    let mut here = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let mut elsewhere = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let mut bob = Session::signed_in(&app, "bob@example.com", PASSWORD).await;
+    let new_password = "a brand new passphrase";
+
+    let wrong = change_password(&mut here, "not the password at all", new_password).await;
+    assert_eq!(wrong.status, 400, "{}", wrong.body);
+    assert!(
+        wrong
+            .testid_text("error")
+            .unwrap_or_default()
+            .contains("current password"),
+        "{}",
+        wrong.body
+    );
+    let short = change_password(&mut here, PASSWORD, "short").await;
+    assert_eq!(short.status, 400, "{}", short.body);
+    assert!(short
+        .testid_text("error")
+        .unwrap_or_default()
+        .contains("12"));
+    assert_eq!(
+        elsewhere.get("/dashboard/keys").await.status,
+        200,
+        "nothing changed yet"
+    );
+
+    let changed = change_password(&mut here, PASSWORD, new_password).await;
+    assert_eq!(changed.status, 200, "{}", changed.body);
+    assert!(changed.has_testid("password-changed"), "{}", changed.body);
+    assert_eq!(
+        here.get("/dashboard/keys").await.status,
+        200,
+        "this session stays"
+    );
+    assert_signed_out(&elsewhere.get("/dashboard/keys").await);
+    assert_eq!(
+        bob.get("/dashboard/keys").await.status,
+        200,
+        "another account's"
+    );
+
+    let old = Session::new(&app)
+        .sign_in("alice@example.com", PASSWORD)
+        .await;
+    assert_eq!(old.status, 401, "the old password still signs in");
+    Session::signed_in(&app, "alice@example.com", new_password).await;
+
+    // The form needs its token, like every form.
+    let page = here
+        .post(
+            "/dashboard/account/password",
+            &[
+                ("current_password", new_password),
+                ("new_password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(page.status, 403);
+}
+
+/// Issue 26, finding 4: an admin's password reset ends every session of the
+/// account, with a new password or (none given) a one-time link, after which
+/// the old password is refused.
+async fn an_admin_password_reset_ends_every_session(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    create_account(&app, "root@example.com", "admin", &[]);
+    customer(&app, "alice@example.com");
+    let alice_id = account_id(&app, "alice@example.com");
+    let mut root = Session::signed_in(&app, "root@example.com", PASSWORD).await;
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let account_path = format!("/dashboard/admin/accounts/{alice_id}");
+    let reset_path = format!("{account_path}/password");
+
+    let page = root.get(&account_path).await;
+    assert!(page.has_testid("reset-password"), "{}", page.body);
+    let csrf = page.csrf();
+    let new_password = "chosen by the support desk";
+    let reset = root
+        .post(
+            &reset_path,
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(reset.has_testid("password-reset"), "{}", reset.body);
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    assert_eq!(root.get(&account_path).await.status, 200, "the admin stays");
+    assert_eq!(
+        Session::new(&app)
+            .sign_in("alice@example.com", PASSWORD)
+            .await
+            .status,
+        401
+    );
+    let mut alice = Session::signed_in(&app, "alice@example.com", new_password).await;
+
+    // Without a password: the old one stops working, a one-time link sets
+    // the next.
+    let reset = root
+        .post(&reset_path, &[("csrf_token", csrf.as_str())])
+        .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    assert_eq!(
+        Session::new(&app)
+            .sign_in("alice@example.com", new_password)
+            .await
+            .status,
+        401
+    );
+    let link = reset
+        .testid_text("password-link")
+        .unwrap_or_else(|| panic!("no link:\n{}", reset.body));
+    let mut owner = Session::new(&app);
+    let form = owner.get(&link).await;
+    assert_eq!(form.status, 200, "{}", form.body);
+    let token = input_value(&form.body, "token").expect("token field");
+    let set = owner
+        .post(
+            "/dashboard/set-password",
+            &[
+                ("token", token.as_str()),
+                ("password", PASSWORD),
+                ("csrf_token", form.csrf().as_str()),
+            ],
+        )
+        .await;
+    set.assert_see_other("/dashboard/login");
+    Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+
+    // A customer cannot reset anyone's password; the operator account has none.
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let csrf = alice.csrf("/dashboard/keys").await;
+    let root_id = account_id(&app, "root@example.com");
+    let page = alice
+        .post(
+            &format!("/dashboard/admin/accounts/{root_id}/password"),
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(page.status, 404);
+    let operator = moderato::access::AccountId::operator();
+    let csrf = root.csrf("/dashboard/admin/accounts").await;
+    let page = root
+        .post(
+            &format!("/dashboard/admin/accounts/{operator}/password"),
+            &[("password", new_password), ("csrf_token", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(page.status, 404);
 }
 
 async fn unknown_email_and_wrong_password_look_the_same(backend: Backend) {
@@ -421,7 +659,7 @@ fn device_cookie(page: &Page) -> SetCookie {
     page.set_cookies()
         .iter()
         .map(|c| SetCookie::parse(c))
-        .find(|c| c.name == "moderato_device")
+        .find(|c| c.name.ends_with("moderato_device"))
         .unwrap_or_else(|| panic!("no device cookie set at sign-in: {:?}", page.headers))
 }
 
@@ -457,7 +695,8 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
     assert!(device.has("HttpOnly"), "{device:?}");
     assert_eq!(device.get("SameSite"), Some("Strict"), "{device:?}");
     assert!(device.has("Secure"), "{device:?}");
-    assert_eq!(device.get("Path"), Some("/dashboard"), "{device:?}");
+    assert_eq!(device.name, DEVICE_COOKIE, "{device:?}");
+    assert_eq!(device.get("Path"), Some("/"), "{device:?}");
     let max_age: u64 = device
         .get("Max-Age")
         .expect("a lasting cookie")
@@ -480,7 +719,7 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
         !again
             .set_cookies()
             .iter()
-            .any(|c| c.starts_with("moderato_device=")),
+            .any(|c| c.starts_with(&format!("{DEVICE_COOKIE}="))),
         "a new device cookie for a browser that holds a valid one"
     );
     // Signing out does not forget the device.
@@ -489,7 +728,7 @@ async fn sign_in_sets_a_long_lived_strict_device_cookie(backend: Backend) {
         .post("/dashboard/logout", &[("csrf_token", csrf.as_str())])
         .await
         .assert_see_other("/dashboard/login");
-    assert_eq!(session.cookies.get("moderato_device"), Some(&device.value));
+    assert_eq!(session.cookies.get(DEVICE_COOKIE), Some(&device.value));
 
     let plain = app_from_toml(backend, "[dashboard]\ncookie_secure = false\n").await;
     customer(&plain, "alice@example.com");
@@ -509,7 +748,7 @@ async fn a_device_cookie_of_another_account_does_not_help(backend: Backend) {
         .sign_in("bob@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
-    assert!(mallory.cookies.contains_key("moderato_device"));
+    assert!(mallory.cookies.contains_key(DEVICE_COOKIE));
     lock_account_from_many_addresses(&app, "alice@example.com").await;
 
     let page = mallory.sign_in("alice@example.com", PASSWORD).await;
@@ -530,7 +769,7 @@ async fn a_forged_device_cookie_does_not_help(backend: Backend) {
         .sign_in("alice@example.com", PASSWORD)
         .await
         .assert_see_other("/dashboard/keys");
-    let real = alices_browser.cookies["moderato_device"].clone();
+    let real = alices_browser.cookies[DEVICE_COOKIE].clone();
     lock_account_from_many_addresses(&app, "alice@example.com").await;
 
     // Made up, of the right length and alphabet; and empty.
@@ -542,7 +781,7 @@ async fn a_forged_device_cookie_does_not_help(backend: Backend) {
         let mut attacker = Session::from_address(&app, "198.51.100.31");
         attacker
             .cookies
-            .insert("moderato_device".to_string(), value.to_string());
+            .insert(DEVICE_COOKIE.to_string(), value.to_string());
         let page = attacker.sign_in("alice@example.com", PASSWORD).await;
         assert_locked_out(&page);
     }
@@ -732,6 +971,147 @@ async fn every_form_needs_its_csrf_token(backend: Backend) {
     let response = app.moderate_text(&key, "hello").await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-ratelimit-limit"], "10");
+}
+
+/// Issue 26, finding 5: login CSRF by cookie tossing. Mallory holds a
+/// genuine sign-in form (its token and its cookie's value) and plants the
+/// cookie in Alice's browser from a sibling subdomain, which can set a
+/// cookie for the dashboard's host unless its name is `__Host-`; then her
+/// page posts the form with her own credentials, so that Alice works in
+/// Mallory's account. Refused, as is a cookie whose value she made up.
+async fn a_tossed_form_cookie_does_not_sign_a_browser_in(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "mallory@example.com");
+    let mut mallory = Session::new(&app);
+    let token = mallory.get("/dashboard/login").await.csrf();
+    let genuine = mallory
+        .cookies
+        .iter()
+        .find(|(name, _)| name.ends_with("moderato_form"))
+        .map(|(_, value)| value.clone())
+        .expect("the login page sets a form cookie");
+    let credentials = [
+        ("email", "mallory@example.com"),
+        ("password", PASSWORD),
+        ("csrf_token", token.as_str()),
+    ];
+
+    let mut alice = Session::new(&app);
+    alice
+        .cookies
+        .insert("moderato_form".into(), genuine.clone());
+    let page = alice.post("/dashboard/login", &credentials).await;
+    assert_eq!(
+        page.status, 403,
+        "a tossed cookie signed in:\n{}",
+        page.body
+    );
+    assert!(alice
+        .cookies
+        .keys()
+        .all(|name| !name.ends_with("moderato_session")));
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+
+    // Without `cookie_secure` there is no `__Host-` prefix: the token must
+    // then at least be one the server made.
+    let plain = app_from_toml(backend, "[dashboard]\ncookie_secure = false\n").await;
+    customer(&plain, "mallory@example.com");
+    let made_up = "mallorys-own-token-AAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let mut alice = Session::new(&plain);
+    alice.cookies.insert("moderato_form".into(), made_up.into());
+    let page = alice
+        .post(
+            "/dashboard/login",
+            &[
+                ("email", "mallory@example.com"),
+                ("password", PASSWORD),
+                ("csrf_token", made_up),
+            ],
+        )
+        .await;
+    assert_eq!(
+        page.status, 403,
+        "a made-up token signed in:\n{}",
+        page.body
+    );
+    assert_signed_out(&alice.get("/dashboard/keys").await);
+    // The server's own pair still works there.
+    Session::signed_in(&plain, "mallory@example.com", PASSWORD).await;
+}
+
+/// Issue 26, finding 5: a form posted from another origin is refused with
+/// 403 whatever its token, by `Origin` or by `Sec-Fetch-Site`.
+async fn forms_from_other_origins_are_refused(backend: Backend) {
+    let app = dashboard_app(backend).await;
+    customer(&app, "alice@example.com");
+    let sign_in_with = |headers: Vec<(&'static str, String)>| {
+        let app = &app;
+        async move {
+            let mut browser = Session::new(app);
+            let token = browser.get("/dashboard/login").await.csrf();
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let page = browser
+                .post_with_headers(
+                    "/dashboard/login",
+                    &[
+                        ("email", "alice@example.com"),
+                        ("password", PASSWORD),
+                        ("csrf_token", token.as_str()),
+                    ],
+                    &headers,
+                )
+                .await;
+            (page, browser)
+        }
+    };
+    let port = app.base.rsplit(':').next().expect("port").to_string();
+    let refused = [
+        vec![("origin", "https://evil.example".to_string())],
+        vec![("origin", "null".to_string())],
+        // Another port of the same host: same site, another origin.
+        vec![(
+            "origin",
+            format!("http://127.0.0.1:{}", port.parse::<u16>().unwrap() + 1),
+        )],
+        vec![("sec-fetch-site", "cross-site".to_string())],
+        vec![("sec-fetch-site", "same-site".to_string())],
+        vec![
+            ("origin", app.base.clone()),
+            ("sec-fetch-site", "cross-site".to_string()),
+        ],
+    ];
+    for headers in refused {
+        let (page, mut browser) = sign_in_with(headers.clone()).await;
+        assert_eq!(page.status, 403, "{headers:?}:\n{}", page.body);
+        assert_signed_out(&browser.get("/dashboard/keys").await);
+    }
+    let allowed = [
+        vec![],
+        vec![("origin", app.base.clone())],
+        vec![
+            ("origin", app.base.clone()),
+            ("sec-fetch-site", "same-origin".to_string()),
+        ],
+    ];
+    for headers in allowed {
+        let (page, _) = sign_in_with(headers.clone()).await;
+        page.assert_see_other("/dashboard/keys");
+    }
+
+    // A signed-in form too: no key is made from another site.
+    let mut alice = Session::signed_in(&app, "alice@example.com", PASSWORD).await;
+    let csrf = alice.csrf("/dashboard/keys").await;
+    let keys_before = app.store.list_keys().await.unwrap().len();
+    let page = alice
+        .post_with_headers(
+            "/dashboard/keys",
+            &[("name", "planted"), ("csrf_token", csrf.as_str())],
+            &[("origin", "https://evil.example")],
+        )
+        .await;
+    assert_eq!(page.status, 403, "{}", page.body);
+    assert_eq!(app.store.list_keys().await.unwrap().len(), keys_before);
 }
 
 async fn every_page_sends_the_security_headers(backend: Backend) {
@@ -1781,6 +2161,11 @@ async fn cli_creates_and_lists_accounts(backend: Backend) {
 }
 
 on_both_backends!(
+    a_busy_session_ends_at_its_max_lifetime,
+    a_password_change_ends_every_other_session,
+    an_admin_password_reset_ends_every_session,
+    a_tossed_form_cookie_does_not_sign_a_browser_in,
+    forms_from_other_origins_are_refused,
     guesses_sent_together_still_stop_at_ten,
     ipv6_guesses_are_counted_per_64,
     login_form_and_strict_session_cookie,

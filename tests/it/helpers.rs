@@ -410,12 +410,50 @@ impl Proxy {
     }
 }
 
-/// Verifies a response's signature with the independent Python verifier.
+/// The request a client sent, as its verifier knows it: a response is
+/// verified as the answer to this request.
+#[derive(Clone, Debug)]
+pub struct SentRequest {
+    pub method: &'static str,
+    pub path: String,
+    pub body: Vec<u8>,
+    pub nonce: Option<String>,
+}
+
+impl SentRequest {
+    /// A POST of `body` as `reqwest`'s `.json(body)` sends it.
+    pub fn post_json(path: &str, body: &Value) -> SentRequest {
+        SentRequest {
+            method: "POST",
+            path: path.to_string(),
+            body: serde_json::to_vec(body).expect("json"),
+            nonce: None,
+        }
+    }
+
+    pub fn get(path: &str) -> SentRequest {
+        SentRequest {
+            method: "GET",
+            path: path.to_string(),
+            body: Vec::new(),
+            nonce: None,
+        }
+    }
+
+    pub fn with_nonce(mut self, nonce: &str) -> SentRequest {
+        self.nonce = Some(nonce.to_string());
+        self
+    }
+}
+
+/// Verifies a response's signature with the independent Python verifier,
+/// as the answer to `request`.
 pub fn verify_signature(
     jwks: &Value,
     status: u16,
     headers: &reqwest::header::HeaderMap,
     body: &[u8],
+    request: &SentRequest,
 ) -> Result<(), String> {
     use base64::Engine;
     use std::io::Write;
@@ -433,6 +471,12 @@ pub fn verify_signature(
         "status": status,
         "headers": header_map,
         "body_b64": base64::engine::general_purpose::STANDARD.encode(body),
+        "request": {
+            "method": request.method,
+            "path": request.path,
+            "body_b64": base64::engine::general_purpose::STANDARD.encode(&request.body),
+            "nonce": request.nonce,
+        },
     });
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/verify_signature.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());

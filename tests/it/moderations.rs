@@ -435,16 +435,18 @@ async fn responses_are_signed(backend: Backend) {
         .await
         .unwrap();
     for (key, expected) in [(key.as_str(), 200), ("mdr_nope", 401)] {
-        let response = moderations(&app, key, &json!({"input": "hello"})).await;
+        let sent = json!({"input": "hello"});
+        let request = SentRequest::post_json("/v1/moderations", &sent);
+        let response = moderations(&app, key, &sent).await;
         let status = response.status().as_u16();
         assert_eq!(status, expected);
         let headers = response.headers().clone();
         let body = response.bytes().await.unwrap();
-        verify_signature(&jwks, status, &headers, &body)
+        verify_signature(&jwks, status, &headers, &body, &request)
             .unwrap_or_else(|e| panic!("{status}: {e}"));
         let mut changed = body.to_vec();
         changed.push(b' ');
-        assert!(verify_signature(&jwks, status, &headers, &changed).is_err());
+        assert!(verify_signature(&jwks, status, &headers, &changed, &request).is_err());
     }
 }
 

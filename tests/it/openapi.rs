@@ -114,6 +114,7 @@ const API_HEADERS: &[&str] = &[
     "content-digest",
     "signature-input",
     "signature",
+    "x-client-nonce",
     "retry-after",
     "x-ratelimit-limit",
     "x-ratelimit-remaining",

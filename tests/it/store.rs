@@ -14,7 +14,7 @@ use moderato::access::{
     UsageEvent,
 };
 use moderato::store::{
-    self, BillingRow, NewAccountKey, NewSession, Period, PostgresStore, SignInFailures,
+    self, BillingRow, NewAccountKey, NewSession, Period, PostgresStore, SessionUse, SignInFailures,
     SqliteStore, Store, StoreError,
 };
 
@@ -995,7 +995,7 @@ async fn disabling_an_account_refuses_its_keys_and_ends_its_sessions(ctx: Ctx) {
         .revoked_at
         .is_none());
     assert!(store
-        .touch_session(&[7; 32], now, now + chrono::Duration::hours(1))
+        .touch_session(&[7; 32], &used(now, now + chrono::Duration::hours(1)))
         .await
         .unwrap()
         .is_none());
@@ -1088,7 +1088,7 @@ async fn sessions_expire_when_idle_and_are_extended_when_seen(ctx: Ctx) {
         .await
         .unwrap();
     let seen = store
-        .touch_session(&[1; 32], t0 + minutes(9), t0 + minutes(19))
+        .touch_session(&[1; 32], &used(t0 + minutes(9), t0 + minutes(19)))
         .await
         .unwrap()
         .expect("alive at 9 minutes");
@@ -1097,22 +1097,58 @@ async fn sessions_expire_when_idle_and_are_extended_when_seen(ctx: Ctx) {
     assert_eq!(seen.expires_at, t0 + minutes(19));
     // Extended: alive at 18 minutes, past the first expiry.
     assert!(store
-        .touch_session(&[1; 32], t0 + minutes(18), t0 + minutes(28))
+        .touch_session(&[1; 32], &used(t0 + minutes(18), t0 + minutes(28)))
         .await
         .unwrap()
         .is_some());
     // Idle past its expiry: gone.
     assert!(store
-        .touch_session(&[1; 32], t0 + minutes(40), t0 + minutes(50))
+        .touch_session(&[1; 32], &used(t0 + minutes(40), t0 + minutes(50)))
         .await
         .unwrap()
         .is_none());
     assert!(store
-        .touch_session(&[2; 32], t0, t0 + minutes(10))
+        .touch_session(&[2; 32], &used(t0, t0 + minutes(10)))
+        .await
+        .unwrap()
+        .is_none());
+    // Busy, but signed in before the absolute lifetime's bound: gone.
+    store
+        .insert_session(&NewSession {
+            id_hash: vec![3; 32],
+            account_id: acct.id.clone(),
+            csrf_token: "csrf-3".into(),
+            created_at: t0,
+            expires_at: t0 + minutes(10),
+        })
+        .await
+        .unwrap();
+    let at_5 = |created_after| SessionUse {
+        now: t0 + minutes(5),
+        expires_at: t0 + minutes(15),
+        created_after,
+    };
+    assert!(store
+        .touch_session(&[3; 32], &at_5(t0 - minutes(1)))
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store
+        .touch_session(&[3; 32], &at_5(t0 + minutes(1)))
         .await
         .unwrap()
         .is_none());
     store.delete_session(&[1; 32]).await.unwrap();
+}
+
+/// A use of a session at `now` that extends it to `expires_at`, well within
+/// any absolute lifetime.
+fn used(now: DateTime<Utc>, expires_at: DateTime<Utc>) -> SessionUse {
+    SessionUse {
+        now,
+        expires_at,
+        created_after: now - chrono::Duration::days(365),
+    }
 }
 
 async fn sign_in_failures_are_counted_by_email_address_and_device(ctx: Ctx) {
@@ -1238,7 +1274,32 @@ async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
         None
     );
     let hash = PasswordHash::from_stored("$argon2id$v=19$x".into());
-    assert!(store.set_account_password(&acct.id, &hash).await.unwrap());
+    let now = Utc::now();
+    for id in [4u8, 5] {
+        store
+            .insert_session(&NewSession {
+                id_hash: vec![id; 32],
+                account_id: acct.id.clone(),
+                csrf_token: format!("csrf-{id}"),
+                created_at: now,
+                expires_at: now + chrono::Duration::hours(1),
+            })
+            .await
+            .unwrap();
+    }
+    let alive = |id: u8| async move {
+        store
+            .touch_session(&[id; 32], &used(now, now + chrono::Duration::hours(1)))
+            .await
+            .unwrap()
+            .is_some()
+    };
+    // A change keeps the session that made it and ends the others.
+    assert!(store
+        .set_account_password(&acct.id, Some(&hash), Some(&[4; 32]))
+        .await
+        .unwrap());
+    assert!(alive(4).await && !alive(5).await);
     assert_eq!(
         store
             .get_account(&acct.id)
@@ -1248,8 +1309,23 @@ async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
             .password_hash,
         Some(hash.clone())
     );
+    // A reset to no password keeps no session.
+    assert!(store
+        .set_account_password(&acct.id, None, None)
+        .await
+        .unwrap());
+    assert!(!alive(4).await);
+    assert_eq!(
+        store
+            .get_account(&acct.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .password_hash,
+        None
+    );
     assert!(!store
-        .set_account_password(&AccountId::operator(), &hash)
+        .set_account_password(&AccountId::operator(), Some(&hash), None)
         .await
         .unwrap());
 }
