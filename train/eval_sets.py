@@ -29,6 +29,35 @@ def hatecheck():
     return texts, {"hate": hateful, "hate/threatening": threat, "any": hateful}
 
 
+# OpenAI's 2022 moderation taxonomy (the validation half's keys) in our names.
+# There, violence means promoting or glorifying violence or celebrating
+# suffering; depictions alone are V2 (graphic). A missing key is unknown.
+OPENAI_MAP = {
+    "S": "sexual",
+    "H": "hate",
+    "V": "violence",
+    "HR": "harassment",
+    "SH": "self-harm",
+    "S3": "sexual/minors",
+    "H2": "hate/threatening",
+    "V2": "violence/graphic",
+}
+VALIDATION = EVAL / "openai_moderation" / "validation_half.jsonl"
+
+
+def validation():
+    """The validation half of OpenAI's moderation evaluation set: models,
+    sources and thresholds are chosen on it; nothing is trained on it."""
+    rows = [json.loads(line) for line in open(VALIDATION, encoding="utf-8")]
+    texts = [r["prompt"] for r in rows]
+    labels = {c: [r.get(k) for r in rows] for k, c in OPENAI_MAP.items()}
+    labels["any"] = [
+        None if all(r.get(k) is None for k in OPENAI_MAP) else int(any(r.get(k) == 1 for k in OPENAI_MAP))
+        for r in rows
+    ]
+    return texts, labels
+
+
 AILUMINATE_MAP = {"hte": "hate", "ssh": "self-harm", "sxc_prn": "sexual", "cse": "sexual/minors", "vcr": "violence"}
 
 
@@ -159,6 +188,7 @@ def dev():
 
 
 SETS = {
+    "validation": ("eval", validation),
     "dev": ("written dev set", dev),
     "dev_hard_negatives": ("written dev set, hard negatives only", dev_hard_negatives),
     "hatecheck": ("eval", hatecheck),

@@ -87,7 +87,9 @@ def metrics(y, s, t):
     f1 = 2 * tp / max(2 * tp + fp + fn, 1)
     fpr = fp / max(int((y == 0).sum()), 1) if (y == 0).any() else float("nan")
     recall = tp / max(tp + fn, 1)
-    return {"n": len(y), "pos": int(y.sum()), "auprc": ap, "best_f1": best_f1, "f1": f1, "fpr": fpr, "recall": recall}
+    precision = tp / (tp + fp) if tp + fp else float("nan")
+    return {"n": len(y), "pos": int(y.sum()), "auprc": ap, "best_f1": best_f1, "f1": f1, "fpr": fpr, "recall": recall,
+            "precision": precision}
 
 
 def fmt(x):
@@ -145,8 +147,8 @@ def main():
         flags = decide(S, np.array([thr[k] for k in CATEGORIES]), heads.get("parents", []))
         prof = profanity_scores(texts)
         lines += [f"## {name} ({kind}, {len(texts)} texts)", "",
-                  "| category | n | pos | AUPRC | before | best F1 | F1@thr | before | recall@thr | FPR@thr | before | profanity-check AUPRC | its F1@0.5 | its FPR@0.5 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| category | n | pos | AUPRC | before | best F1 | F1@thr | before | precision@thr | recall@thr | before | FPR@thr | before | profanity-check AUPRC | its F1@0.5 | its FPR@0.5 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         fig, ax = plt.subplots(figsize=(6, 4.5))
         for c, ys in labels.items():
             mask = np.array([v is not None for v in ys])
@@ -159,16 +161,16 @@ def main():
                 s_thr = np.where(t_any.any(axis=1), 1.0, 0.0)
                 m = metrics(y, s, 0.5)
                 m_thr = metrics(y, s_thr, 0.5)
-                m.update({k: m_thr[k] for k in ("f1", "fpr", "recall")})
+                m.update({k: m_thr[k] for k in ("f1", "fpr", "recall", "precision")})
             else:
                 s = S[mask, CATEGORIES.index(c)]
                 m = metrics(y, s, thr[c])
                 m_thr = metrics(y, flags[mask, CATEGORIES.index(c)].astype(float), 0.5)
-                m.update({k: m_thr[k] for k in ("f1", "fpr", "recall")})
+                m.update({k: m_thr[k] for k in ("f1", "fpr", "recall", "precision")})
             p = metrics(y, prof[mask], 0.5)
             b = before.get(name, {}).get(c, {})
-            lines.append(f"| {c} | {m['n']} | {m['pos']} | {fmt(m['auprc'])} | {fmt(b.get('auprc'))} | {fmt(m['best_f1'])} | {fmt(m['f1'])} | {fmt(b.get('f1'))} | {fmt(m['recall'])} | {fmt(m['fpr'])} | {fmt(b.get('fpr'))} | {fmt(p['auprc'])} | {fmt(p['f1'])} | {fmt(p['fpr'])} |")
-            metrics_out.setdefault(name, {})[c] = {k: (None if isinstance(m[k], float) and np.isnan(m[k]) else m[k]) for k in ("n", "pos", "auprc", "f1", "fpr", "recall")}
+            lines.append(f"| {c} | {m['n']} | {m['pos']} | {fmt(m['auprc'])} | {fmt(b.get('auprc'))} | {fmt(m['best_f1'])} | {fmt(m['f1'])} | {fmt(b.get('f1'))} | {fmt(m['precision'])} | {fmt(m['recall'])} | {fmt(b.get('recall'))} | {fmt(m['fpr'])} | {fmt(b.get('fpr'))} | {fmt(p['auprc'])} | {fmt(p['f1'])} | {fmt(p['fpr'])} |")
+            metrics_out.setdefault(name, {})[c] = {k: (None if isinstance(m[k], float) and np.isnan(m[k]) else m[k]) for k in ("n", "pos", "auprc", "f1", "fpr", "recall", "precision")}
             if 0 < y.sum() < len(y):
                 prec, rec, _ = precision_recall_curve(y, s)
                 ax.plot(rec, prec, label=f"{c} ({m['auprc']:.2f})")
@@ -192,8 +194,8 @@ def main():
         print(f"evaluate: {name} done", file=sys.stderr)
 
     head = ["## Summary", "",
-            "| set | any AUPRC (ours) | before | any FPR@thr | before | mean per-category AUPRC (ours) | before | any AUPRC (profanity-check) | mean per-category (profanity-check) |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| set | any AUPRC (ours) | before | any F1@thr | before | any recall@thr | before | any FPR@thr | before | mean per-category AUPRC (ours) | before | any AUPRC (profanity-check) | mean per-category (profanity-check) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in sets:
         anyrow = [(m, p) for n, c, m, p in summary if n == name and c == "any"]
         a = anyrow[0] if anyrow else ({"auprc": None}, {"auprc": None})
@@ -201,7 +203,7 @@ def main():
         mp = np.nanmean(per_cat_prof[name]) if per_cat_prof.get(name) else None
         ba = before.get(name, {}).get("any", {})
         bm = before.get(name, {}).get("_mean_per_category")
-        head.append(f"| {name} | {fmt(a[0]['auprc'])} | {fmt(ba.get('auprc'))} | {fmt(a[0].get('fpr'))} | {fmt(ba.get('fpr'))} | {fmt(mo)} | {fmt(bm)} | {fmt(a[1]['auprc'])} | {fmt(mp)} |")
+        head.append(f"| {name} | {fmt(a[0]['auprc'])} | {fmt(ba.get('auprc'))} | {fmt(a[0].get('f1'))} | {fmt(ba.get('f1'))} | {fmt(a[0].get('recall'))} | {fmt(ba.get('recall'))} | {fmt(a[0].get('fpr'))} | {fmt(ba.get('fpr'))} | {fmt(mo)} | {fmt(bm)} | {fmt(a[1]['auprc'])} | {fmt(mp)} |")
         if mo is not None:
             metrics_out.setdefault(name, {})["_mean_per_category"] = float(mo)
     # The held-out split changes with the training data, so the overall mean

@@ -50,6 +50,39 @@ def row(text, source, pos=(), masked=(), negative_default=True):
     return {"text": text.strip(), "source": source, "labels": labels}
 
 
+# Real texts labelled by our definitions (train/real/GUIDE.md, two blind
+# passes and a third on disagreements): ids and labels are in the repository,
+# the texts are read from ../shared/datasets/train by train/real/pool.py.
+REAL_LABELS = ROOT / "train" / "data" / "real_labels.jsonl"
+# How much a text of a source weighs against one written row, by source
+# (JSON, e.g. '{"real:toxic_spans": 0.5}'; 0 leaves the source out). Chosen
+# on the validation half (eval/ABLATION-real.md): the labelled Toxic Spans
+# comments and Davidson tweets lowered its any-category AUPRC (all real
+# sources 0.755, without them 0.788), so they are labelled but not trained on.
+SOURCE_WEIGHTS = json.loads(
+    os.environ.get("MODERATO_SOURCE_WEIGHTS", '{"real:toxic_spans": 0, "real:davidson": 0}')
+)
+
+
+def real():
+    if not REAL_LABELS.exists() or os.environ.get("MODERATO_NO_REAL") == "1":
+        return []
+    import sys
+
+    sys.path.insert(0, str(ROOT / "train" / "real"))
+    from pool import all_texts
+
+    texts = all_texts()
+    out = []
+    for line in open(REAL_LABELS, encoding="utf-8"):
+        d = json.loads(line)
+        text = texts.get(d["id"])
+        if text is None:
+            continue
+        out.append({"text": text, "source": f"real:{d['source']}", "labels": dict(d["labels"]), "id": d["id"]})
+    return out
+
+
 def davidson(rng, with_hate=True):
     rows = list(csv.DictReader(open(TRAIN / "davidson_labeled_data.csv", encoding="utf-8", errors="replace")))
     out = []
@@ -180,6 +213,8 @@ MINOR_MENTIONS = ("son", "daughter", "kids", "children", "toddler", "brother", "
 def own_data():
     out = []
     for path in sorted((ROOT / "train" / "data").glob("*.jsonl")):
+        if path == REAL_LABELS:
+            continue  # ids of real texts, not written rows: see real()
         for line in open(path, encoding="utf-8", errors="replace"):
             d = json.loads(line)
             if isinstance(d["labels"], dict):
@@ -225,7 +260,12 @@ def main():
     # the hand-written rows plus ToxiGen, and "offensive" taught that untargeted
     # profanity is harassment. MODERATO_WITH_DAVIDSON=1 puts the hate class back.
     davidson_rows = davidson(rng, with_hate=os.environ.get("MODERATO_WITH_DAVIDSON") == "1")
-    rows = davidson_rows + toxigen() + harmbench() + strongreject() + donotanswer() + rtp() + own_data()
+    rows = davidson_rows + toxigen() + harmbench() + strongreject() + donotanswer() + rtp() + own_data() + real()
+    for r in rows:
+        w = SOURCE_WEIGHTS.get(r["source"], 1.0)
+        if w != 1.0:
+            r["weight"] = w
+    rows = [r for r in rows if r.get("weight", 1.0) > 0]
     rows, dropped_brief = drop_brief_examples(rows)
     print(f"prepare: {dropped_brief} hand-written rows dropped as near-copies of the briefs' examples")
 

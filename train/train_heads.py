@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, compose, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -41,7 +41,7 @@ C_GRID = (0.5, 2.0, 8.0)
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 6  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 7  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -56,6 +56,7 @@ class Chunks:
     def __init__(self, F, owner, n):
         """`F` rows sorted by `owner`, the index (< n) of each row's text."""
         self.F = F
+        self.weight = np.ones(n)  # per text: how much a source counts (prepare.py "weight")
         self.counts = np.bincount(owner, minlength=n)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
 
@@ -83,7 +84,9 @@ class Chunks:
         """The chunks of the texts where `mask` is true, renumbered."""
         kept = np.where(mask)[0]
         rows, owner = self.of(kept)
-        return Chunks(self.F[rows], owner, len(kept))
+        out = Chunks(self.F[rows], owner, len(kept))
+        out.weight = self.weight[kept]
+        return out
 
 
 def load_rows():
@@ -98,7 +101,9 @@ def load_rows():
     if os.environ.get("MODERATO_NO_LEXICAL") == "1":
         lex = np.zeros_like(lex)
     X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
-    return rows, X, lex, Chunks.of_embeddings(vecs, idx, lex)
+    chunks = Chunks.of_embeddings(vecs, idx, lex)
+    chunks.weight = np.array([r.get("weight", 1.0) for r in rows])
+    return rows, X, lex, chunks
 
 
 def design(X, chunks, texts, y):
@@ -118,8 +123,9 @@ def design(X, chunks, texts, y):
         rows, owner = chunks.of(neg) if len(neg) else (np.zeros(0, int), np.zeros(0, int))
         F = np.vstack([X[pos], chunks.F[rows]])
         yy = np.concatenate([np.ones(len(pos), int), np.zeros(len(rows), int)])
-        wt = np.concatenate([np.full(len(pos), 0.5 / max(len(pos), 1)),
-                             0.5 / max(len(neg), 1) / chunks.counts[neg][owner]])
+        wp, wn = chunks.weight[pos], chunks.weight[neg]
+        wt = np.concatenate([0.5 * wp / max(wp.sum(), 1e-9),
+                             0.5 * wn[owner] / max(wn.sum(), 1e-9) / chunks.counts[neg][owner]])
     return F, yy, wt * len(texts)
 
 
@@ -265,6 +271,140 @@ def pick_thresholds(P, labels, harmless, hard_negative):
     return chosen, float(chosen_budget), any_fpr(chosen)
 
 
+VALIDATION_MAX_FPR = 0.10  # per category, on the validation half
+SAFE_PROMPTS_MAX_FLAGGED = 0.05  # any category, written safe prompts (out of fold)
+VALIDATION_FLOOR = 0.1
+
+
+def validation_scores(out):
+    """Served scores (CATEGORIES columns) of the validation half under the
+    heads `out`, and its labels."""
+    texts, labels = eval_sets.validation()
+    # Measured on the raw view, as evaluate.py measures every set (and from its store).
+    cfg = dict(out, input="raw")
+    vecs, idx = embed_texts(texts, cfg, "validation", namespace="wide")
+    return apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts)), labels
+
+
+# An any-category FPR bound on the validation half, met by joint_any_category
+# (MODERATO_VALIDATION_ANY_FPR, e.g. 0.12); unset, each category keeps its own
+# choice. On heads .7 a bound of 0.12 cost recall 0.749 -> 0.677 for FPR
+# 0.171 -> 0.119 (model card), pushing hate and self-harm to 0.93: not shipped.
+VALIDATION_MAX_ANY_FPR = float(os.environ.get("MODERATO_VALIDATION_ANY_FPR", "nan"))
+JOINT_ROUNDS = 5
+EXCESS_PENALTY = 10.0  # F1 given up per unit of FPR over a bound, while over it
+
+
+def joint_any_category(S, labels, t, chosen):
+    """Per-category choices add up: each may flag 10 % of its harmless texts,
+    and together they flag more. Coordinate ascent over the categories the
+    validation half labels, each threshold in turn set to the value that
+    maximises the any-category flagged F1 (as the server decides flags)
+    while the any-category FPR stays at or below VALIDATION_MAX_ANY_FPR and
+    the category's own FPR at or below VALIDATION_MAX_FPR."""
+    y = np.array(labels["any"], dtype=int)
+    own = {c: np.array([np.nan if v is None else v for v in labels[c]], dtype=float) for c in chosen}
+    t = t.copy()
+
+    def score(th):
+        """The any-category F1, less EXCESS_PENALTY for every unit by which
+        the FPR bounds are exceeded (so that the ascent climbs into them
+        giving up as little F1 as it can); -1 - excess until it is there."""
+        flags = decide(S, th)
+        f = flags.any(axis=1)
+        tp, fp = int((f & (y == 1)).sum()), int((f & (y == 0)).sum())
+        fn = int((~f & (y == 1)).sum())
+        excess = max(fp / max(int((y == 0).sum()), 1) - VALIDATION_MAX_ANY_FPR, 0.0)
+        for c, yc in own.items():
+            i = CATEGORIES.index(c)
+            k = ~np.isnan(yc)
+            negatives = max(int((yc[k] == 0).sum()), 1)
+            excess += max((flags[k, i] & (yc[k] == 0)).sum() / negatives - VALIDATION_MAX_FPR, 0.0)
+        return 2 * tp / max(2 * tp + fp + fn, 1) - EXCESS_PENALTY * excess
+
+    for _ in range(JOINT_ROUNDS):
+        for c in chosen:
+            i = CATEGORIES.index(c)
+            best, best_t = score(t), t[i]
+            for cand in np.unique(np.clip(S[:, i], VALIDATION_FLOOR, CEILING)):
+                trial = t.copy()
+                trial[i] = cand
+                f1 = score(trial)
+                if f1 > best:
+                    best, best_t = f1, cand
+            t[i] = best_t
+    print(f"train: joint thresholds: any-category F1 {score(t):.3f} on the validation half", file=sys.stderr)
+    return t
+
+
+VALIDATION_F1_TIE = 0.03  # F1 differences smaller than this on the validation half are noise
+GRID = np.round(np.arange(VALIDATION_FLOOR, CEILING + 1e-9, 0.01), 2)
+
+
+def f1_fpr(y, s, t):
+    f = s >= t
+    tp, fp, fn = int((f & (y == 1)).sum()), int((f & (y == 0)).sum()), int((~f & (y == 1)).sum())
+    return 2 * tp / max(2 * tp + fp + fn, 1), fp / max(int((y == 0).sum()), 1)
+
+
+def validation_threshold(y, s, y_pool, s_pool):
+    """Among the thresholds whose FPR on the validation half is at most
+    VALIDATION_MAX_FPR, those within VALIDATION_F1_TIE of the best F1 there
+    are equally good by it (a category with 26 positives moves F1 by 0.02 a
+    text); of those, the one with the best F1 on the out-of-fold scores of
+    the training data decides. None when the validation labels have no
+    positives."""
+    if y.sum() == 0 or y.sum() == len(y):
+        return None
+    scored = [(t, *f1_fpr(y, s, t)) for t in GRID]
+    allowed = [(t, f1) for t, f1, fpr in scored if fpr <= VALIDATION_MAX_FPR]
+    if not allowed:
+        return CEILING
+    best = max(f1 for _, f1 in allowed)
+    tied = [t for t, f1 in allowed if f1 >= best - VALIDATION_F1_TIE]
+    return max(tied, key=lambda t: (f1_fpr(y_pool, s_pool, t)[0], -t))
+
+
+def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
+    """Per category with labels in the validation half: the best-F1
+    threshold there with FPR <= VALIDATION_MAX_FPR; the others keep the
+    out-of-fold rule. Then every threshold is raised, as little as one
+    common budget allows, until the written safe prompts are flagged at most
+    SAFE_PROMPTS_MAX_FLAGGED (any category, out-of-fold scores)."""
+    S, labels = validation_scores(out)
+    t = np.array(oof_thresholds, dtype=float)
+    chosen = {}
+    for i, c in enumerate(CATEGORIES):
+        lab = labels.get(c)
+        if lab is None:
+            continue
+        known = np.array([v is not None for v in lab])
+        y = np.array([v for v in lab if v is not None], dtype=int)
+        in_pool = ~np.isnan(pool_labels[:, i])
+        th = validation_threshold(y, S[known, i], pool_labels[in_pool, i].astype(int), P_pool[in_pool, i])
+        if th is not None:
+            t[i] = min(max(th, VALIDATION_FLOOR), CEILING)
+            chosen[c] = t[i]
+    if not np.isnan(VALIDATION_MAX_ANY_FPR):
+        t = joint_any_category(S, labels, t, chosen)
+    cats = [i for i, c in enumerate(CATEGORIES)]
+
+    def flagged_share(th):
+        return float((P_pool[safe][:, cats] >= th[cats]).any(axis=1).mean()) if safe.any() else 0.0
+
+    final, budget = t, None
+    if flagged_share(t) > SAFE_PROMPTS_MAX_FLAGGED:
+        for b in FPR_BUDGETS[::-1]:
+            raised = np.array([max(t[i], fpr_threshold(P_pool[safe, i], b)) for i in range(len(CATEGORIES))])
+            if flagged_share(raised) <= SAFE_PROMPTS_MAX_FLAGGED:
+                final, budget = raised, float(b)
+                break
+    print(f"train: thresholds on the validation half for {sorted(chosen)}; safe prompts flagged "
+          f"{flagged_share(t):.3f} -> {flagged_share(final):.3f} (budget {budget})", file=sys.stderr)
+    return final, {"validation_categories": sorted(chosen), "safe_prompts_flagged_oof": round(flagged_share(final), 4),
+                   "safe_prompt_budget": budget}
+
+
 def main():
     rows, X, lex, chunks = load_rows()
     keep = drop_near_duplicates(rows)
@@ -310,13 +450,20 @@ def main():
     harmless = np.array([all(rows[j]["labels"].get(c) == 0 for c in harms) for j in pool])
     hard_negative = harmless & np.array([rows[j]["source"].startswith("own:written_") for j in pool])
     t, budget, hn_fpr = pick_thresholds(P, labels, harmless, hard_negative)
+    # MODERATO_THRESHOLDS=written: the rule of heads .6 alone (for comparison).
+    if os.environ.get("MODERATO_THRESHOLDS", "validation") == "validation":
+        minor_i = CATEGORIES.index("sexual/minors")
+        t[minor_i] = t[CATEGORIES.index("sexual")]
+        safe = np.array([rows[j]["source"] == "own:written_safe_prompts" for j in pool])
+        t, report["_validation"] = thresholds_on_validation(out, t, P, safe, labels)
     for i, c in enumerate(CATEGORIES):
-        if c != "sexual/minors":
-            out["thresholds"][c] = round(float(t[i]), 4)
+        out["thresholds"][c] = round(float(t[i]), 4)
     report["_thresholds"] = {"per_category_fpr_budget": budget, "any_fpr_hard_negatives_oof": round(hn_fpr, 4),
                              "hard_negatives": int(hard_negative.sum()), "harmless": int(harmless.sum())}
-    # No sexual/minors data exists (by design): it inherits the sexual threshold.
-    out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
+    # No sexual/minors training data exists (by design): without validation
+    # labels it inherits the sexual threshold.
+    if os.environ.get("MODERATO_THRESHOLDS", "validation") != "validation":
+        out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
     for h in heads:
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
         heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]

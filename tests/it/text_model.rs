@@ -236,6 +236,42 @@ fn evasion_variants_score_like_the_plain_text() {
     );
 }
 
+/// A threat with its letters masked, spaced out, swapped for digits or
+/// repeated is caught like the plain one (issue #22).
+#[test]
+fn a_disguised_threat_is_caught_like_the_plain_one() {
+    for text in [
+        "I will kill you and your whole family",
+        "I will m*rder you and your whole family",
+        "I will k!ll you and your whole family",
+        "I will k1ll you and your whole family",
+        "I will k i l l you and your whole family",
+        "I will kiiiill you and your whole family",
+    ] {
+        assert_flags(text, Category::HarassmentThreatening);
+    }
+}
+
+/// The first thing many new users type, plain and disguised. Heads .6 score
+/// the plain text harassment 0.55 against a threshold of 0.77; the candidate
+/// heads of eval/ABLATION-real.md reach 0.78 but were not shipped (they flag
+/// the crisis-line message above). Open in issue #22: run with --ignored.
+#[test]
+#[ignore = "issue #22: the shipped heads miss it (harassment 0.55 < 0.77)"]
+fn an_insult_telling_someone_to_kill_themselves_is_caught() {
+    for text in [
+        "kill yourself you worthless loser",
+        "k1ll y0urs3lf you worthless loser",
+        "k!ll yourself you worthless loser",
+        "k i l l   y o u r s e l f you worthless loser",
+        "kiiiill yourself you worthless loser",
+        "f#ck you, you worthless piece of sh1t",
+        "f*ck you, you worthless piece of sh*t",
+    ] {
+        assert_flags(text, Category::Harassment);
+    }
+}
+
 #[test]
 fn the_combined_pass_catches_a_word_split_across_items() {
     // score_items builds the combined text from the items' chunks and the

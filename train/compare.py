@@ -1,0 +1,84 @@
+"""Paired comparison of two heads files on the same texts: any-category and
+mean per-category AUPRC, and flagged F1 / FPR / recall at each file's own
+thresholds, with 95 % intervals of the differences from 500 bootstrap
+resamples of the texts (as eval/ABLATION-chunks.md).
+
+Usage: python compare.py BEFORE.json AFTER.json [set,set,...]
+Sets default to the validation half, ToxicChat and the development set."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import average_precision_score
+
+from common import CATEGORIES, apply_heads, decide, embed_texts, lexical_features
+import eval_sets
+from evaluate import sample_indices
+
+RESAMPLES = 500
+
+
+def scores(heads, texts, name):
+    cfg = dict(heads, input="raw")
+    vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
+    S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
+    flags = decide(S, np.array([heads["thresholds"][c] for c in CATEGORIES]), heads.get("parents", []))
+    return S, flags
+
+
+def figures(S, flags, labels, rows):
+    """any AUPRC, mean per-category AUPRC, and any-category F1/FPR/recall of the flags, over `rows`."""
+    out = {}
+    ya = np.array([labels["any"][i] for i in rows], dtype=float)
+    known = ~np.isnan(ya)
+    y, s, f = ya[known].astype(int), S[rows][known].max(axis=1), flags[rows][known].any(axis=1)
+    out["any"] = average_precision_score(y, s) if 0 < y.sum() < len(y) else np.nan
+    tp, fp, fn = int((f & (y == 1)).sum()), int((f & (y == 0)).sum()), int((~f & (y == 1)).sum())
+    out["f1"] = 2 * tp / max(2 * tp + fp + fn, 1)
+    out["fpr"] = fp / max(int((y == 0).sum()), 1)
+    out["recall"] = tp / max(tp + fn, 1)
+    per = []
+    for c, ys in labels.items():
+        if c == "any":
+            continue
+        yc = np.array([ys[i] for i in rows], dtype=float)
+        k = ~np.isnan(yc)
+        if 0 < yc[k].sum() < k.sum():
+            per.append(average_precision_score(yc[k].astype(int), S[rows][k][:, CATEGORIES.index(c)]))
+    out["per_cat"] = float(np.mean(per)) if per else np.nan
+    return out
+
+
+def main():
+    before = json.loads(Path(sys.argv[1]).read_text())
+    after = json.loads(Path(sys.argv[2]).read_text())
+    names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["validation", "toxicchat", "dev"]
+    sets = eval_sets.load_all()
+    rng = np.random.default_rng(20261125)
+    print(f"| set (texts) | figure | {before['version']} | {after['version']} | difference (95 % interval) |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        _, texts, labels = sets[name]
+        keep = sample_indices(name, len(texts))
+        texts = [texts[i] for i in keep]
+        labels = {c: [v[i] for i in keep] for c, v in labels.items()}
+        labels = {c: [np.nan if x is None else x for x in v] for c, v in labels.items()}
+        Sb, Fb = scores(before, texts, name)
+        Sa, Fa = scores(after, texts, name)
+        rows = np.arange(len(texts))
+        b, a = figures(Sb, Fb, labels, rows), figures(Sa, Fa, labels, rows)
+        diffs = {k: [] for k in a}
+        for _ in range(RESAMPLES):
+            r = rng.integers(0, len(texts), len(texts))
+            bb, aa = figures(Sb, Fb, labels, r), figures(Sa, Fa, labels, r)
+            for k in a:
+                diffs[k].append(aa[k] - bb[k])
+        for k in ("any", "per_cat", "f1", "fpr", "recall"):
+            lo, hi = np.nanpercentile(diffs[k], [2.5, 97.5])
+            print(f"| {name} ({len(texts)}) | {k} | {b[k]:.3f} | {a[k]:.3f} | {a[k] - b[k]:+.3f} ({lo:+.3f}..{hi:+.3f}) |")
+
+
+if __name__ == "__main__":
+    main()
