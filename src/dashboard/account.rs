@@ -80,14 +80,10 @@ pub async fn change_password(
     let address =
         client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
     let email_key = user.account.email.to_string();
-    // In turn with sign-ins of the account and the address (same order).
-    let _account_turn = state
+    // In turn with sign-ins of the account and the address.
+    let _turns = state
         .sign_in_attempts
-        .lock(format!("account:{email_key}"))
-        .await;
-    let _address_turn = state
-        .sign_in_attempts
-        .lock(format!("address:{address}"))
+        .account_then_address(&email_key, &address)
         .await;
     let now = Utc::now();
     let window = chrono::Duration::from_std(FAILURE_WINDOW).expect("15 minutes");

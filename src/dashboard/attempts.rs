@@ -40,6 +40,19 @@ impl AttemptLocks {
         }
     }
 
+    /// Waits for the earlier attempts on this account and then on this
+    /// address. Always in this order, so that two attempts never wait for
+    /// each other crosswise; hold both guards until the outcome is recorded.
+    pub async fn account_then_address(
+        &self,
+        email_key: &str,
+        address: &str,
+    ) -> (AttemptGuard, AttemptGuard) {
+        let account = self.lock(format!("account:{email_key}")).await;
+        let address = self.lock(format!("address:{address}")).await;
+        (account, address)
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()

@@ -323,13 +323,9 @@ pub async fn login(
     // One attempt at a time per account, then per address (always in this
     // order, so two attempts never wait for each other crosswise): the
     // failure count read below includes every earlier attempt's.
-    let _account_turn = state
+    let _turns = state
         .sign_in_attempts
-        .lock(format!("account:{email_key}"))
-        .await;
-    let _address_turn = state
-        .sign_in_attempts
-        .lock(format!("address:{address}"))
+        .account_then_address(&email_key, &address)
         .await;
     let now = Utc::now();
     let window = chrono::Duration::from_std(FAILURE_WINDOW).expect("15 minutes");
