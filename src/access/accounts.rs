@@ -230,6 +230,10 @@ pub struct Account {
     pub plan: Plan,
     pub disabled_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+    /// Made by open sign-up, and the link sent to its e-mail not yet
+    /// followed: nobody has shown they read that mailbox, so it has no
+    /// password and a new sign-up for the address may send another link.
+    pub awaiting_confirmation: bool,
 }
 
 impl Account {
@@ -248,6 +252,16 @@ impl Account {
             plan,
             disabled_at: None,
             created_at: Utc::now(),
+            awaiting_confirmation: false,
+        }
+    }
+
+    /// A free customer account made by open sign-up: no password until the
+    /// link sent to `email` is followed.
+    pub fn signed_up(email: Email, plan: Plan) -> Account {
+        Account {
+            awaiting_confirmation: true,
+            ..Account::new(email, Role::Customer, plan, None)
         }
     }
 

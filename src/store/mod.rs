@@ -279,8 +279,10 @@ pub trait Store: Send + Sync + 'static {
     async fn sign_ups(&self, address: &str, since: DateTime<Utc>) -> Result<Attempts, StoreError>;
 
     /// Deletes what the dashboard no longer needs: sign-in failures and
-    /// sign-up attempts before `attempts_before`, and sessions, device
-    /// cookies and password tokens expired by `now`. Returns the rows
+    /// sign-up attempts before `attempts_before`, sessions, device cookies
+    /// and password tokens expired by `now`, and accounts made by sign-up
+    /// before `attempts_before` that were never confirmed and have no link
+    /// left. Returns the rows
     /// deleted. Without it these tables grow with every guess and visit.
     async fn prune_dashboard_records(
         &self,
@@ -303,6 +305,7 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<Option<AccountId>, StoreError>;
     /// Consumes the token: its account if it existed and had not expired.
+    /// The account's other tokens go with it.
     async fn take_password_token(
         &self,
         token_hash: &[u8],

@@ -26,7 +26,8 @@ const MAX_CONNECTIONS: u32 = 16;
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 const ACCOUNT_COLUMNS: &str =
-    "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at";
+    "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at, \
+     awaiting_confirmation";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
      image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
 
@@ -248,7 +249,7 @@ impl Store for PostgresStore {
 
     async fn insert_account(&self, account: &Account) -> Result<(), StoreError> {
         sqlx::query(&format!(
-            "INSERT INTO accounts ({ACCOUNT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            "INSERT INTO accounts ({ACCOUNT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
         ))
         .bind(account.id.as_str())
         .bind(account.email.as_str())
@@ -258,6 +259,7 @@ impl Store for PostgresStore {
         .bind(custom_rpm_to_sql(account.plan.custom_rpm())?)
         .bind(account.disabled_at)
         .bind(account.created_at)
+        .bind(account.awaiting_confirmation)
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
@@ -313,13 +315,17 @@ impl Store for PostgresStore {
         keep_session: Option<&[u8]>,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
-        let done = sqlx::query("UPDATE accounts SET password_hash = $2 WHERE id = $1 AND id <> $3")
-            .bind(id.as_str())
-            .bind(hash.map(PasswordHash::as_str))
-            .bind(AccountId::OPERATOR)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+        let done = sqlx::query(
+            "UPDATE accounts SET password_hash = $2, \
+             awaiting_confirmation = awaiting_confirmation AND $2 IS NULL \
+             WHERE id = $1 AND id <> $3",
+        )
+        .bind(id.as_str())
+        .bind(hash.map(PasswordHash::as_str))
+        .bind(AccountId::OPERATOR)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
         // `IS DISTINCT FROM`: with no session to keep, every session ends.
         sqlx::query(
             "DELETE FROM dashboard_sessions WHERE account_id = $1 AND id_hash IS DISTINCT FROM $2",
@@ -652,6 +658,14 @@ impl Store for PostgresStore {
             ("DELETE FROM dashboard_sessions WHERE expires_at < $1", now),
             ("DELETE FROM dashboard_devices WHERE expires_at < $1", now),
             ("DELETE FROM password_tokens WHERE expires_at < $1", now),
+            // After the expired links: an unconfirmed sign-up whose every
+            // link has expired is dropped (it never had a password, key or
+            // session), so a flood of sign-ups does not stay in the table.
+            (
+                "DELETE FROM accounts WHERE awaiting_confirmation AND created_at < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM password_tokens t WHERE t.account_id = accounts.id)",
+                attempts_before,
+            ),
         ] {
             deleted += sqlx::query(sql)
                 .bind(cutoff)
@@ -720,7 +734,15 @@ impl Store for PostgresStore {
             return Ok(None);
         }
         let account: String = row.try_get("account_id").map_err(map_sqlx)?;
-        parse_account_id(&account).map(Some)
+        let account = parse_account_id(&account)?;
+        // A link used ends the account's other links: a sign-up sent
+        // several, a reset may follow an unused first-password link.
+        sqlx::query("DELETE FROM password_tokens WHERE account_id = $1")
+            .bind(account.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(Some(account))
     }
 }
 
@@ -739,6 +761,7 @@ fn account_from_row(row: &PgRow) -> Result<Account, StoreError> {
         plan: stored_plan(&tier, custom_rpm.map(i64::from))?,
         disabled_at: row.try_get("disabled_at").map_err(map_sqlx)?,
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
+        awaiting_confirmation: row.try_get("awaiting_confirmation").map_err(map_sqlx)?,
     })
 }
 

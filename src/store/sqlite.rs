@@ -51,7 +51,8 @@ const MAX_RETRY_DELAY: Duration = Duration::from_millis(800);
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 const ACCOUNT_COLUMNS: &str =
-    "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at";
+    "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at, \
+     awaiting_confirmation";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
      image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
 
@@ -348,7 +349,7 @@ impl Store for SqliteStore {
 
     async fn insert_account(&self, account: &Account) -> Result<(), StoreError> {
         sqlx::query(&format!(
-            "INSERT INTO accounts ({ACCOUNT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO accounts ({ACCOUNT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         ))
         .bind(account.id.as_str())
         .bind(account.email.as_str())
@@ -358,6 +359,7 @@ impl Store for SqliteStore {
         .bind(custom_rpm_to_sql(account.plan.custom_rpm())?)
         .bind(account.disabled_at.map(timestamp))
         .bind(timestamp(account.created_at))
+        .bind(account.awaiting_confirmation)
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
@@ -424,13 +426,17 @@ impl Store for SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_sqlx)?;
-        let done = sqlx::query("UPDATE accounts SET password_hash = ? WHERE id = ? AND id <> ?")
-            .bind(hash.map(PasswordHash::as_str))
-            .bind(id.as_str())
-            .bind(AccountId::OPERATOR)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+        let done = sqlx::query(
+            "UPDATE accounts SET password_hash = ?1, \
+             awaiting_confirmation = awaiting_confirmation AND ?1 IS NULL \
+             WHERE id = ?2 AND id <> ?3",
+        )
+        .bind(hash.map(PasswordHash::as_str))
+        .bind(id.as_str())
+        .bind(AccountId::OPERATOR)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
         // `IS NOT`: with no session to keep, every session ends.
         sqlx::query("DELETE FROM dashboard_sessions WHERE account_id = ? AND id_hash IS NOT ?")
             .bind(id.as_str())
@@ -759,6 +765,14 @@ impl Store for SqliteStore {
             ("DELETE FROM dashboard_sessions WHERE expires_at < ?1", now),
             ("DELETE FROM dashboard_devices WHERE expires_at < ?1", now),
             ("DELETE FROM password_tokens WHERE expires_at < ?1", now),
+            // After the expired links: an unconfirmed sign-up whose every
+            // link has expired is dropped (it never had a password, key or
+            // session), so a flood of sign-ups does not stay in the table.
+            (
+                "DELETE FROM accounts WHERE awaiting_confirmation = 1 AND created_at < ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM password_tokens t WHERE t.account_id = accounts.id)",
+                attempts_before,
+            ),
         ] {
             deleted += sqlx::query(sql)
                 .bind(timestamp(cutoff))
@@ -827,7 +841,15 @@ impl Store for SqliteStore {
             return Ok(None);
         }
         let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
-        parse_account_id(account).map(Some)
+        let account = parse_account_id(account)?;
+        // A link used ends the account's other links: a sign-up sent
+        // several, a reset may follow an unused first-password link.
+        sqlx::query("DELETE FROM password_tokens WHERE account_id = ?")
+            .bind(account.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(Some(account))
     }
 }
 
@@ -848,6 +870,7 @@ fn account_from_row(row: &SqliteRow) -> Result<Account, StoreError> {
         plan: stored_plan(tier, custom_rpm)?,
         disabled_at: disabled_at.map(parse_timestamp).transpose()?,
         created_at: parse_timestamp(created_at)?,
+        awaiting_confirmation: row.try_get("awaiting_confirmation").map_err(map_sqlx)?,
     })
 }
 
