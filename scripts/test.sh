@@ -26,6 +26,11 @@ if ! "${PYTHON:-python3}" -c 'import openai' 2>/dev/null; then
   exit 1
 fi
 
+if ! "${PYTHON:-python3}" -c 'import aiosmtpd' 2>/dev/null; then
+  echo "Python's aiosmtpd package is missing (the sign-up tests send e-mail through it): pip install aiosmtpd==1.4.6" >&2
+  exit 1
+fi
+
 chromedriver="${CHROMEDRIVER:-/usr/bin/chromedriver}"
 if [[ ! -x "$chromedriver" || ! -x "${CHROME_BIN:-/usr/bin/chromium}" ]]; then
   echo "Chromium or chromedriver is missing (the browser tests drive the dashboard with them):" >&2

@@ -443,6 +443,7 @@ fn print_accounts(config: &Config, listings: &[crate::store::AccountListing], as
                     "tier": a.plan.tier(),
                     "rpm": a.plan.rpm(&config.plans),
                     "disabled_at": a.disabled_at,
+                    "awaiting_confirmation": a.awaiting_confirmation,
                     "created_at": a.created_at,
                     "last_activity": l.last_activity,
                 })
@@ -452,18 +453,20 @@ fn print_accounts(config: &Config, listings: &[crate::store::AccountListing], as
         return;
     }
     println!(
-        "{:<36}  {:<8}  {:<10}  {:>6}  {:<8}  email",
+        "{:<36}  {:<8}  {:<10}  {:>6}  {:<11}  email",
         "id", "role", "tier", "rpm", "status"
     );
     for l in listings {
         let a = &l.account;
         let status = if a.is_disabled() {
             "disabled"
+        } else if a.awaiting_confirmation {
+            "unconfirmed"
         } else {
             "active"
         };
         println!(
-            "{:<36}  {:<8}  {:<10}  {:>6}  {:<8}  {}",
+            "{:<36}  {:<8}  {:<10}  {:>6}  {:<11}  {}",
             a.id,
             // as_str: Display ignores the column width.
             a.role.as_str(),

@@ -104,6 +104,10 @@ pub struct Config {
     pub vision: VisionSettings,
     pub text_model: TextModelConfig,
     pub remote_images: RemoteImageSettings,
+    /// How the dashboard sends e-mail (the links of open sign-up); absent:
+    /// it sends none, and open sign-up cannot be switched on.
+    #[serde(default)]
+    pub smtp: Option<SmtpSettings>,
 }
 
 /// The text model's settings beyond the shipped heads.
@@ -308,6 +312,66 @@ pub struct DashboardConfig {
     /// Whether the session cookie carries `Secure` (false only for
     /// plain-HTTP development).
     pub cookie_secure: bool,
+    /// The address users reach the service at, such as
+    /// `https://moderato.example.com`: links in e-mails start with it.
+    /// Never taken from a request's `Host`, which the client chooses.
+    #[serde(default)]
+    pub public_url: Option<String>,
+}
+
+/// `[smtp]`: the mail server the dashboard hands its e-mails to.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpSettings {
+    pub host: String,
+    /// Default: 465 with `tls`, 587 with `starttls`, 25 with `none`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub security: SmtpSecurity,
+    /// Sign in to the server when set (with `password`).
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// The sender, such as `Moderato <no-reply@example.com>`.
+    pub from: String,
+    /// Bound on one message's whole conversation with the server.
+    #[serde(default = "default_smtp_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_smtp_timeout_ms() -> u64 {
+    10_000
+}
+
+/// How the connection to the mail server is protected.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// TLS from the first byte (port 465).
+    Tls,
+    /// Plain, then upgraded with STARTTLS, refusing to go on without it.
+    #[default]
+    Starttls,
+    /// No TLS at all: only for a relay on this machine or a test server.
+    None,
+}
+
+impl SmtpSecurity {
+    pub fn default_port(self) -> u16 {
+        match self {
+            SmtpSecurity::Tls => 465,
+            SmtpSecurity::Starttls => 587,
+            SmtpSecurity::None => 25,
+        }
+    }
+}
+
+/// What open sign-up needs to send its links.
+pub struct SignUpMail<'a> {
+    pub smtp: &'a SmtpSettings,
+    pub public_url: reqwest::Url,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -506,6 +570,7 @@ impl Config {
         }
         self.validate_budget()?;
         self.validate_remote_images()?;
+        self.sign_up_mail()?;
         self.vision
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -529,6 +594,51 @@ impl Config {
 }
 
 impl Config {
+    /// With `dashboard.signup = "open"`, the mail settings its links need,
+    /// or an error naming the missing setting; `None` when sign-up is
+    /// closed. Open sign-up without e-mail would let anyone take anyone's
+    /// address.
+    pub fn sign_up_mail(&self) -> Result<Option<SignUpMail<'_>>, ConfigError> {
+        if self.dashboard.signup == Signup::Closed {
+            return Ok(None);
+        }
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        let Some(smtp) = &self.smtp else {
+            return invalid(
+                "dashboard.signup = \"open\" needs [smtp] (host and from at least; MODERATO_SMTP__HOST, MODERATO_SMTP__FROM): sign-ups are confirmed by an e-mailed link",
+            );
+        };
+        if smtp.host.trim().is_empty() {
+            return invalid("smtp.host must name the mail server");
+        }
+        if smtp.from.parse::<lettre::message::Mailbox>().is_err() {
+            return invalid(
+                "smtp.from must be an e-mail address, such as \"Moderato <no-reply@example.com>\"",
+            );
+        }
+        if smtp.username.is_some() != smtp.password.is_some() {
+            return invalid("smtp.username and smtp.password go together: set both or neither");
+        }
+        if !(1..=120_000).contains(&smtp.timeout_ms) {
+            return invalid("smtp.timeout_ms must be between 1 and 120000");
+        }
+        let Some(public_url) = &self.dashboard.public_url else {
+            return invalid(
+                "dashboard.signup = \"open\" needs dashboard.public_url (such as \"https://moderato.example.com\"): the e-mailed links start with it",
+            );
+        };
+        let public_url = reqwest::Url::parse(public_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .filter(|u| u.query().is_none() && u.fragment().is_none());
+        let Some(public_url) = public_url else {
+            return invalid(
+                "dashboard.public_url must be an http:// or https:// URL without query, such as \"https://moderato.example.com\"",
+            );
+        };
+        Ok(Some(SignUpMail { smtp, public_url }))
+    }
+
     fn validate_remote_images(&self) -> Result<(), ConfigError> {
         let r = &self.remote_images;
         let ceiling = self.limits.image.max_bytes;
@@ -680,6 +790,47 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("trust_forwarded_for"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn open_sign_up_refuses_to_start_without_its_mail_settings() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MODERATO_DASHBOARD__SIGNUP", "open");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("[smtp]"), "{err}");
+            jail.set_env("MODERATO_SMTP__HOST", "mail.example.com");
+            jail.set_env("MODERATO_SMTP__FROM", "Moderato <no-reply@example.com>");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("dashboard.public_url"), "{err}");
+            jail.set_env("MODERATO_DASHBOARD__PUBLIC_URL", "moderato.example.com");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("dashboard.public_url must be"), "{err}");
+            jail.set_env(
+                "MODERATO_DASHBOARD__PUBLIC_URL",
+                "https://moderato.example.com",
+            );
+            let config = Config::load(None).expect("valid");
+            let mail = config.sign_up_mail().unwrap().expect("open");
+            assert_eq!(mail.smtp.security, SmtpSecurity::Starttls);
+            assert_eq!(mail.smtp.security.default_port(), 587);
+            jail.set_env("MODERATO_SMTP__FROM", "not an address");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("smtp.from"), "{err}");
+            jail.set_env("MODERATO_SMTP__FROM", "no-reply@example.com");
+            jail.set_env("MODERATO_SMTP__USERNAME", "moderato");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("smtp.username and smtp.password"), "{err}");
+            Ok(())
+        });
+        // Closed sign-up needs none of it.
+        figment::Jail::expect_with(|_| {
+            assert!(Config::load(None)
+                .unwrap()
+                .sign_up_mail()
+                .unwrap()
+                .is_none());
             Ok(())
         });
     }

@@ -119,6 +119,7 @@ pub async fn run_with_metrics(
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
         signer,
         dashboard: config.dashboard.clone(),
+        sign_up: dashboard::SignUpDoor::from_config(&config)?,
         sign_in_attempts: dashboard::AttemptLocks::default(),
     }));
     let app = http::router(state);

@@ -25,7 +25,7 @@ use crate::http::AppState;
 use crate::store::{AccountListing, StoreError};
 
 /// How long a first-password link stays valid.
-const PASSWORD_LINK_HOURS: i64 = 24;
+pub(super) const PASSWORD_LINK_HOURS: i64 = 24;
 
 fn account_row(listing: &AccountListing, state: &AppState) -> AccountRow {
     let a = &listing.account;
@@ -40,6 +40,8 @@ fn account_row(listing: &AccountListing, state: &AppState) -> AccountRow {
             .map_or_else(|| "never".to_owned(), when),
         status: if a.is_disabled() {
             "disabled"
+        } else if a.awaiting_confirmation {
+            "unconfirmed"
         } else {
             "active"
         },
@@ -204,7 +206,10 @@ pub async fn create_account(
 }
 
 /// A new one-time link that sets the account's password.
-async fn issue_password_link(state: &AppState, account: &AccountId) -> Result<String, DashError> {
+pub(super) async fn issue_password_link(
+    state: &AppState,
+    account: &AccountId,
+) -> Result<String, DashError> {
     let token = random_token();
     let expires = Utc::now() + chrono::Duration::hours(PASSWORD_LINK_HOURS);
     state

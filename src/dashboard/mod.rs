@@ -16,6 +16,7 @@ mod error;
 mod form;
 mod housekeeping;
 mod keys;
+mod mail;
 mod pages;
 mod session;
 mod signup;
@@ -23,6 +24,7 @@ mod usage;
 
 pub use attempts::AttemptLocks;
 pub use housekeeping::spawn_pruning;
+pub use mail::SignUpDoor;
 
 use axum::extract::Request;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};

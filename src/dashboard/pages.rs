@@ -222,4 +222,7 @@ pub struct SignupPage {
     pub csrf_token: String,
     pub email: String,
     pub error: Option<String>,
+    /// After a sign-up: the address the link went to, and no form.
+    pub sent_to: Option<String>,
+    pub link_hours: i64,
 }

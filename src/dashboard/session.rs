@@ -286,7 +286,7 @@ fn login_form(
         csrf_token: token,
         email,
         error: error.map(str::to_owned),
-        signup_open: state.dashboard.signup == crate::config::Signup::Open,
+        signup_open: state.sign_up.is_open(),
     };
     let mut response = (status, [(SET_COOKIE, cookie)], render(&page)).into_response();
     if let Some(seconds) = retry_after {

@@ -1,13 +1,21 @@
-//! Open sign-up (`dashboard.signup = "open"`): anyone can make a free
-//! customer account.
+//! Open sign-up (`dashboard.signup = "open"`): anyone can ask for a free
+//! customer account, and gets it by following a one-time link sent to the
+//! address they gave, where they choose its password.
+//!
+//! The address is confirmed before anything is usable: until the link is
+//! followed the account has no password (nobody can sign in) and a new
+//! sign-up for the address sends a new link rather than being refused, so
+//! a stranger who typed someone else's address first neither gets in nor
+//! locks the owner out. The password is chosen only after the link, so
+//! nobody but the mailbox's reader ever knows it.
 //!
 //! It must not tell which e-mail addresses have accounts: a taken address
-//! gets the same answer as a new one (the same redirect, after the same
-//! password hashing and the same attempted insert), and nothing is created
-//! or changed for it. It must not let one client make accounts in bulk
-//! either: [`MAX_SIGN_UPS`] attempts per client address (IPv6: per /64) per
-//! [`SIGN_UP_WINDOW`], new and taken addresses alike, then 429 with
-//! `Retry-After` before any hashing.
+//! gets the same page as a new one, after the same work (an attempted
+//! insert and one e-mail: the link, or to an existing account's owner a
+//! note that someone tried), and nothing changes for it. It must not let
+//! one client make accounts or send mail in bulk either: [`MAX_SIGN_UPS`]
+//! attempts per client address (IPv6: per /64) per [`SIGN_UP_WINDOW`], new
+//! and taken addresses alike, then 429 with `Retry-After`.
 //!
 //! The attempts have their own table rather than rows in the sign-in
 //! failures: those are counted per address for any e-mail, so sign-ups
@@ -21,29 +29,33 @@ use super::form::Form;
 use axum::extract::{ConnectInfo, State};
 use axum::http::header::{RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 
-use super::admin::insert_new_account;
-use super::error::DashError;
-use super::pages::{render, SignupPage};
-use super::session::{check_form_token, new_form_token, retry_after, CredentialsForm};
-use crate::access::client::client_key;
+use serde::Deserialize;
 
-use crate::access::{Email, Password, Plan, Role, Tier};
-use crate::config::Signup;
+use super::admin::{issue_password_link, PASSWORD_LINK_HOURS};
+use super::error::DashError;
+use super::mail::{Mailer, SignUpDoor};
+use super::pages::{render, SignupPage};
+use super::session::{check_form_token, new_form_token, retry_after};
+use crate::access::client::client_key;
+use crate::access::{Account, AccountId, Email, Plan, Tier};
 use crate::http::auth::client_address;
 use crate::http::AppState;
+use crate::store::StoreError;
 
 /// Sign-up attempts allowed per client address within [`SIGN_UP_WINDOW`].
 pub const MAX_SIGN_UPS: u32 = 5;
 pub const SIGN_UP_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
-fn signup_form(
+/// The sign-up page: the form, or (`sent_to`) what to do next.
+fn signup_page_with(
     state: &AppState,
     status: StatusCode,
     email: String,
     error: Option<String>,
+    sent_to: Option<String>,
 ) -> Response {
     let (csrf_token, cookie) = new_form_token(state);
     let page = SignupPage {
@@ -51,31 +63,80 @@ fn signup_form(
         csrf_token,
         email,
         error,
+        sent_to,
+        link_hours: PASSWORD_LINK_HOURS,
     };
     (status, [(SET_COOKIE, cookie)], render(&page)).into_response()
 }
 
-fn signup_open(state: &AppState) -> Result<(), DashError> {
-    match state.dashboard.signup {
-        Signup::Open => Ok(()),
-        Signup::Closed => Err(DashError::NotFound),
+fn signup_form(state: &AppState, status: StatusCode, email: String, error: String) -> Response {
+    signup_page_with(state, status, email, Some(error), None)
+}
+
+fn open_door(state: &AppState) -> Result<&Mailer, DashError> {
+    match &state.sign_up {
+        SignUpDoor::Open(mailer) => Ok(mailer),
+        SignUpDoor::Closed => Err(DashError::NotFound),
     }
 }
 
 pub async fn signup_page(State(state): State<AppState>) -> Result<Response, DashError> {
-    signup_open(&state)?;
-    Ok(signup_form(&state, StatusCode::OK, String::new(), None))
+    open_door(&state)?;
+    Ok(signup_page_with(
+        &state,
+        StatusCode::OK,
+        String::new(),
+        None,
+        None,
+    ))
 }
 
-/// Creates a customer account on the free plan, then sends to sign-in. A
-/// taken address gets exactly that answer too, and nothing changes for it.
+#[derive(Deserialize)]
+pub struct SignupForm {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// What a sign-up found at its address.
+enum Applicant {
+    /// A new account, or one still waiting for its link: gets a link.
+    Unconfirmed(AccountId),
+    /// An account in use (or disabled, or made by an admin): its owner
+    /// gets a note, and nothing changes.
+    Existing,
+}
+
+/// Makes the account waiting for confirmation, or finds what holds the
+/// address already.
+async fn applicant(state: &AppState, email: &Email) -> Result<Applicant, DashError> {
+    let plan = Plan::new(Tier::Free, None).expect("the free plan needs no limit");
+    let account = Account::signed_up(email.clone(), plan);
+    match state.store.insert_account(&account).await {
+        Ok(()) => {
+            tracing::info!(account = %account.id, "account created by sign-up, awaiting confirmation");
+            return Ok(Applicant::Unconfirmed(account.id));
+        }
+        Err(StoreError::Conflict(_)) => {}
+        Err(other) => return Err(other.into()),
+    }
+    Ok(match state.store.account_by_email(email).await? {
+        Some(a) if a.awaiting_confirmation && !a.is_disabled() => Applicant::Unconfirmed(a.id),
+        // Gone between the insert and the read (pruned): nothing to say.
+        _ => Applicant::Existing,
+    })
+}
+
+/// Sends the link to a new or unconfirmed account, or the note to an
+/// existing one; then the same page either way.
 pub async fn signup(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    Form(form): Form<CredentialsForm>,
+    Form(form): Form<SignupForm>,
 ) -> Result<Response, DashError> {
-    signup_open(&state)?;
+    let mailer = open_door(&state)?;
     check_form_token(&state, &headers, &form.csrf_token)?;
     let address =
         client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
@@ -87,7 +148,7 @@ pub async fn signup(
             &state,
             StatusCode::TOO_MANY_REQUESTS,
             form.email,
-            Some("Too many sign-ups from your network: try again later.".to_owned()),
+            "Too many sign-ups from your network: try again later.".to_owned(),
         );
         response.headers_mut().insert(
             RETRY_AFTER,
@@ -95,31 +156,43 @@ pub async fn signup(
         );
         return Ok(response);
     }
-    let parsed = Email::parse(&form.email)
-        .map_err(|e| e.to_string())
-        .and_then(|email| {
-            Password::new(form.password)
-                .map(|p| (email, p))
-                .map_err(|e| e.to_string())
-        });
-    let (email, password) = match parsed {
-        Ok(v) => v,
-        Err(message) => {
+    let email = match Email::parse(&form.email) {
+        Ok(email) => email,
+        Err(e) => {
             return Ok(signup_form(
                 &state,
                 StatusCode::BAD_REQUEST,
                 form.email,
-                Some(message),
+                e.to_string(),
             ))
         }
     };
     state.store.record_sign_up(&address, now).await?;
-    let plan = Plan::new(Tier::Free, None).expect("the free plan needs no limit");
-    // Hashes the password and tries the insert whether or not the address
-    // is taken, so that both take about as long.
-    match insert_new_account(&state, email, Role::Customer, plan, Some(password)).await? {
-        Ok(account) => tracing::info!(account = %account.id, "account created by sign-up"),
-        Err(_taken) => tracing::info!("sign-up for a taken e-mail address: nothing changed"),
+    let sent = match applicant(&state, &email).await? {
+        Applicant::Unconfirmed(account) => {
+            let link = issue_password_link(&state, &account).await?;
+            mailer
+                .send_sign_up_link(&email, &link, PASSWORD_LINK_HOURS)
+                .await
+        }
+        Applicant::Existing => mailer.send_already_registered(&email).await,
+    };
+    if let Err(e) = sent {
+        // The error never holds the link: lettre reports the server's
+        // answer, not the message.
+        tracing::warn!(error = %e, "sign-up e-mail not sent");
+        return Ok(signup_form(
+            &state,
+            StatusCode::SERVICE_UNAVAILABLE,
+            form.email,
+            "We could not send the e-mail just now: try again in a few minutes.".to_owned(),
+        ));
     }
-    Ok(Redirect::to("/dashboard/login").into_response())
+    Ok(signup_page_with(
+        &state,
+        StatusCode::OK,
+        String::new(),
+        None,
+        Some(email.to_string()),
+    ))
 }

@@ -67,6 +67,8 @@ pub struct Shared {
     pub body_read_timeout: Duration,
     pub signer: Arc<ResponseSigner>,
     pub dashboard: DashboardConfig,
+    /// Whether anyone may sign up, and the mailer that confirms them.
+    pub sign_up: crate::dashboard::SignUpDoor,
     /// Dashboard sign-ins of one account or address, one at a time.
     pub sign_in_attempts: crate::dashboard::AttemptLocks,
 }

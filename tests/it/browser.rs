@@ -381,3 +381,35 @@ async fn owner_changes_the_password_and_other_browsers_are_signed_out() {
     assert_eq!(alice_again.get("/dashboard/keys").await.status, 303);
     browser.close().await;
 }
+
+/// A newcomer signs up with an address, reads the link in the e-mail the
+/// real SMTP server received, chooses a password there and signs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_signs_up_through_the_emailed_link() {
+    let mut mail = crate::signup::MailServer::start(false).await;
+    let app = crate::signup::app_with_open_signup(Backend::Sqlite, &mail).await;
+    let browser = Browser::start(&app.base).await;
+
+    browser.goto("/dashboard/login").await;
+    browser.click(r#"a[href="/dashboard/signup"]"#).await;
+    browser.wait_for_path("/dashboard/signup").await;
+    assert!(!browser.exists(r#"input[name="password"]"#).await);
+    browser.screenshot("signup").await;
+    browser
+        .fill(r#"input[name="email"]"#, "erin@example.com")
+        .await;
+    browser.click(r#"[data-testid="sign-up"]"#).await;
+    let sent = browser.text(r#"[data-testid="sent"]"#).await;
+    assert!(sent.contains("erin@example.com"), "{sent}");
+    browser.screenshot("signup-sent").await;
+
+    let message = mail.next().await;
+    assert_eq!(message.to, vec!["erin@example.com".to_string()]);
+    browser.goto(&message.link_path()).await;
+    browser.fill(r#"input[name="password"]"#, PASSWORD).await;
+    browser.screenshot("signup-set-password").await;
+    browser.click(r#"[data-testid="set-password"]"#).await;
+    browser.wait_for_path("/dashboard/login").await;
+    sign_in(&browser, "erin@example.com", PASSWORD).await;
+    browser.close().await;
+}

@@ -22,6 +22,7 @@ mod moderations;
 mod nsfwjs_reference;
 mod openapi;
 mod signatures;
+mod signup;
 mod store;
 mod text_model;
 mod usage;
