@@ -17,6 +17,7 @@ mod form;
 mod housekeeping;
 mod keys;
 mod pages;
+mod policies;
 mod session;
 mod signup;
 mod usage;
@@ -46,6 +47,12 @@ pub fn router(_state: AppState) -> Router<AppState> {
             "/keys/{id}/revoke",
             get(keys::confirm_revoke).post(keys::revoke),
         )
+        .route(
+            "/keys/{id}/policy",
+            axum::routing::post(policies::set_key_policy),
+        )
+        .route("/policies", get(policies::list).post(policies::create))
+        .route("/policies/{id}", get(policies::show).post(policies::update))
         .route("/usage", get(usage::page))
         .route("/usage.csv", get(usage::csv))
         .route("/plan", get(keys::plan))

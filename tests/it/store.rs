@@ -96,6 +96,8 @@ fn key(n: u64, created_at: DateTime<Utc>) -> ApiKeyRecord {
         secret_hash: vec![n as u8; 32],
         created_at,
         revoked_at: None,
+        policy_id: None,
+        policy: None,
     }
 }
 
@@ -116,6 +118,7 @@ fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
         billable: true,
         latency_ms: 12,
         endpoint: Endpoint::Moderate,
+        policy_id: None,
     }
 }
 
@@ -773,6 +776,7 @@ fn account_key(n: u64) -> NewAccountKey {
         key_rpm: None,
         secret_hash: vec![n as u8; 32],
         created_at: at(2026, 1, 1, 0, 0, n as u32),
+        policy_id: None,
     }
 }
 
