@@ -273,6 +273,8 @@ pub struct PoliciesPage {
     pub policies: Vec<PolicyRow>,
     pub fields: Vec<RuleField>,
     pub name: String,
+    /// Whether the form's "default" box is ticked.
+    pub default_checked: bool,
     pub error: Option<String>,
 }
 
@@ -284,6 +286,9 @@ pub struct PolicyPage {
     pub policy: PolicyRow,
     pub name: String,
     pub fields: Vec<RuleField>,
+    /// Whether the form's "default" box is ticked: the policy is the
+    /// account's default (or the refused form said so).
+    pub default_checked: bool,
     pub history: Vec<VersionRow>,
     pub error: Option<String>,
 }

@@ -155,6 +155,7 @@ async fn list_page(
         name: sent
             .and_then(|f| f.get("name").cloned())
             .unwrap_or_default(),
+        default_checked: sent.is_some_and(wants_default),
         error,
     };
     Ok((status, render(&page)).into_response())
@@ -171,6 +172,11 @@ fn draft_of(user: &SignedIn, form: &HashMap<String, String>) -> Result<PolicyDra
         rules: rules_from_form(form)?,
         changed_by: author(user),
     })
+}
+
+/// Whether the form's "default" box was ticked.
+fn wants_default(form: &HashMap<String, String>) -> bool {
+    form.get("default").is_some_and(|v| v == "on")
 }
 
 fn csrf_of(user: &SignedIn, form: &HashMap<String, String>) -> Result<(), DashError> {
@@ -195,7 +201,7 @@ pub async fn create(
         }
     };
     let id = PolicyId::new_random();
-    let make_default = form.get("default").is_some_and(|v| v == "on");
+    let make_default = wants_default(&form);
     match state
         .store
         .insert_policy(&user.account.id, &id, &draft, make_default, Utc::now())
@@ -231,6 +237,7 @@ async fn policy_page(
         name: sent
             .and_then(|f| f.get("name").cloned())
             .unwrap_or_else(|| policy.name.clone()),
+        default_checked: sent.map_or(policy.is_default, wants_default),
         fields: rule_fields(&state.engine.shipped_text_thresholds(), &policy.rules, sent),
         history: history
             .iter()
@@ -289,11 +296,12 @@ pub async fn update(
         }
         Err(other) => return Err(other.into()),
     }
-    if form.get("default").is_some_and(|v| v == "on") {
-        state
-            .store
-            .set_default_policy(account, Some(&policy.id))
-            .await?;
+    // The box shows whether the policy is the default: ticking it makes
+    // it so, clearing it leaves the account without one (shipped thresholds).
+    let wanted = wants_default(&form);
+    if wanted != policy.is_default {
+        let default = wanted.then_some(&policy.id);
+        state.store.set_default_policy(account, default).await?;
     }
     tracing::info!(account = %account, policy = %policy.id, "policy changed in the dashboard");
     Ok(Redirect::to(&format!("/dashboard/policies/{}", policy.id)).into_response())

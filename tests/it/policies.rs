@@ -390,6 +390,39 @@ async fn another_accounts_policy_and_bad_rules_are_refused(backend: Backend) {
         &["policies", "show", &bobs, "--account", "alice@example.com"],
     );
     assert!(err.contains("no policy"), "{err}");
+    // The operator account's policies are for the CLI's own keys.
+    let operators = cli_json(
+        &app,
+        &[
+            "policies", "create", "--name", "ops", "--off", "sexual", "--json",
+        ],
+    );
+    let operators = operators["id"].as_str().unwrap();
+    let key = cli_json(
+        &app,
+        &[
+            "keys", "create", "--name", "ops", "--tier", "free", "--policy", operators, "--json",
+        ],
+    )["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let body = moderate(&app.base, &app.client, &key, &["hello"]).await;
+    assert_eq!(body["policy"]["id"], operators);
+    let err = cli_error(
+        &app,
+        &[
+            "keys",
+            "create",
+            "--name",
+            "x",
+            "--account",
+            "alice@example.com",
+            "--policy",
+            operators,
+        ],
+    );
+    assert!(err.contains("--policy: no policy"), "{err}");
     // Not the operator's either.
     let err = cli_error(
         &app,
@@ -571,6 +604,9 @@ async fn the_dashboard_makes_changes_and_assigns_a_policy(backend: Backend) {
     );
     assert_eq!(shown.body.matches("data-version=").count(), 2);
 
+    let shown = cy.get(&path).await;
+    assert!(shown.body.contains(r#"name="default" value="on" checked"#));
+
     // The key follows the default; then names the policy itself.
     let body = moderate(&app.base, &app.client, &secret, &["hello"]).await;
     let until = Instant::now() + Duration::from_secs(5);
@@ -626,7 +662,8 @@ on_both_backends!(
 
 /// The Policies page in headless Chromium: a customer makes a policy with
 /// the form, changes it, gives it to a key on the keys page, and the API
-/// names it. Screenshots: `policies`, `policy`, `keys-policy`.
+/// names it. Screenshots: `policies`, `policy`, `policy-history`,
+/// `keys-policy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
     use crate::webdriver::Browser;
@@ -687,6 +724,15 @@ async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
     assert_eq!(version, "2");
     assert!(browser.exists(r#"tr[data-version="1"]"#).await);
     browser.screenshot("policy").await;
+    browser
+        .client
+        .execute(
+            r#"document.querySelector('[data-testid="policy-history"]').scrollIntoView()"#,
+            vec![],
+        )
+        .await
+        .expect("scroll to the history");
+    browser.screenshot("policy-history").await;
 
     // The keys page names it and sets it on the key.
     browser.goto("/dashboard/keys").await;
