@@ -1438,7 +1438,13 @@ async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
         other => panic!("a second policy of the same name: {other:?}"),
     }
     store
-        .insert_policy(&a.id, &pa2, &draft("lenient", &[], "cli"), false, t1)
+        .insert_policy(
+            &a.id,
+            &pa2,
+            &draft("lenient", &[], "cli"),
+            false,
+            t1 + chrono::Duration::minutes(1),
+        )
         .await
         .unwrap();
     store
