@@ -196,6 +196,8 @@ pub struct ModerateResponse {
     /// The policy the request was judged under (the key's own, else its
     /// account's default); `null`: none, the shipped thresholds. A policy
     /// changes `flagged` and `categories`, never the scores.
+    /// Always present.
+    #[schema(required = true)]
     policy: Option<PolicyBody>,
 }
 

@@ -327,6 +327,8 @@ pub struct ModerationsResponse {
     /// Moderato's addition: the policy the request was judged under (the
     /// key's own, else its account's default); `null`: none, the shipped
     /// thresholds.
+    /// Always present.
+    #[schema(required = true)]
     policy: Option<PolicyBody>,
 }
 

@@ -31,6 +31,7 @@ pub struct PolicyBody {
     id: String,
     name: String,
     /// 1 when made, one more at every change.
+    #[schema(minimum = 1)]
     version: u32,
 }
 
