@@ -46,6 +46,7 @@ fn batch(size: usize) -> Vec<UsageEvent> {
                 billable: !n.is_multiple_of(20),
                 latency_ms: 35,
                 endpoint: moderato::access::Endpoint::Moderate,
+                policy_id: None,
             }
         })
         .collect()
@@ -62,6 +63,8 @@ async fn prepared(url: &str) -> Arc<dyn Store> {
         secret_hash: vec![0; 32],
         created_at: Utc::now(),
         revoked_at: None,
+        policy_id: None,
+        policy: None,
     };
     store.insert_key(&key).await.expect("insert key");
     store

@@ -9,10 +9,13 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::allowance::check_own_rpm;
+use crate::access::policy::{rules_from_args, rules_to_json};
 use crate::access::{
-    Account, ApiKeyRecord, Email, KeyId, KeyOwner, KeyRequestError, Password, Plan, Role, Tier,
+    Account, AccountId, ApiKeyRecord, Email, KeyId, KeyOwner, KeyRequestError, Password, Plan,
+    Policy, PolicyDraft, PolicyError, PolicyId, PolicyVersion, Role, Tier,
 };
 use crate::config::Config;
+use crate::moderation::{Category, CategoryRule};
 use crate::store::{AccountKeyInsert, NewAccountKey, Period, Store};
 
 #[derive(Debug, Parser)]
@@ -41,6 +44,76 @@ pub enum Command {
     /// Manage dashboard accounts.
     #[command(subcommand)]
     Accounts(AccountsCommand),
+    /// Manage policies: per-category thresholds of an account's keys.
+    #[command(subcommand)]
+    Policies(PoliciesCommand),
+}
+
+/// The rules of a policy as options: each category at most once.
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    /// CATEGORY=VALUE: flag the category from VALUE on (0 < VALUE <= 1),
+    /// instead of the shipped threshold. Repeatable.
+    #[arg(long = "threshold", value_name = "CATEGORY=VALUE")]
+    thresholds: Vec<String>,
+    /// Never flag CATEGORY. Repeatable.
+    #[arg(long = "off", value_name = "CATEGORY")]
+    off: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoliciesCommand {
+    /// Create a policy; categories not named keep the shipped thresholds.
+    Create {
+        #[arg(long)]
+        name: String,
+        /// The e-mail address of the account; without it, the operator
+        /// account (whose keys `keys create --tier` makes).
+        #[arg(long)]
+        account: Option<String>,
+        #[command(flatten)]
+        rules: RuleArgs,
+        /// Make it the account's default: every key of the account without
+        /// a policy of its own is judged by it.
+        #[arg(long)]
+        default: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List an account's policies.
+    List {
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a policy and every version of it (who changed it, when).
+    Show {
+        id: String,
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a policy: its next version, applied by every replica within
+    /// a second. The rules given are merged into the current ones.
+    Update {
+        id: String,
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        rules: RuleArgs,
+        /// Back to the shipped threshold for CATEGORY. Repeatable.
+        #[arg(long = "shipped", value_name = "CATEGORY")]
+        shipped: Vec<String>,
+        /// Make it the account's default.
+        #[arg(long)]
+        default: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,6 +161,10 @@ pub enum KeysCommand {
         /// its own, at most the account's.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         rpm: Option<u32>,
+        /// A policy of the key's account (`policies list`); without it the
+        /// key follows its account's default policy.
+        #[arg(long)]
+        policy: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -147,6 +224,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(command) => keys(config, command).await,
         Command::Usage(args) => usage(config, args).await,
         Command::Accounts(command) => accounts(config, command).await,
+        Command::Policies(command) => policies(command, &config).await,
     }
 }
 
@@ -205,18 +283,30 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
             name,
             account: Some(email),
             rpm,
+            policy,
             json,
             ..
-        } => create_account_key(&config, store.as_ref(), &email, name, rpm, json).await?,
+        } => {
+            let key = NewKeyArgs {
+                name,
+                rpm,
+                policy,
+                json,
+            };
+            create_account_key(&config, store.as_ref(), &email, key).await?
+        }
         KeysCommand::Create {
             name,
             tier,
             account: None,
             rpm,
+            policy,
             json,
         } => {
             let tier = tier.context("give the key's plan (--tier) or its account (--account)")?;
             let plan = Plan::new(tier, rpm)?;
+            let policy_id =
+                own_policy(store.as_ref(), &AccountId::operator(), policy.as_deref()).await?;
             let pepper = crate::load_pepper(&config)?;
             let new = crate::access::keys::generate(&pepper);
             let record = ApiKeyRecord {
@@ -228,6 +318,8 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
                 secret_hash: new.secret_hash,
                 created_at: chrono::Utc::now(),
                 revoked_at: None,
+                policy_id,
+                policy: None,
             };
             store.insert_key(&record).await?;
             let limit = plan.rpm(&config.plans);
@@ -270,16 +362,49 @@ async fn keys(config: Config, command: KeysCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `keys create --account` was given for the key.
+struct NewKeyArgs {
+    name: String,
+    rpm: Option<u32>,
+    policy: Option<String>,
+    json: bool,
+}
+
+/// The policy `--policy` names, checked to be `account`'s own: a policy of
+/// another account is refused with the same words as an unknown one.
+async fn own_policy(
+    store: &dyn Store,
+    account: &AccountId,
+    policy: Option<&str>,
+) -> anyhow::Result<Option<PolicyId>> {
+    let Some(text) = policy else {
+        return Ok(None);
+    };
+    let not_here = || PolicyError::NotInAccount {
+        field: "--policy".into(),
+        id: text.to_owned(),
+    };
+    let id = PolicyId::parse(text).ok_or_else(not_here)?;
+    match store.get_policy(account, &id).await? {
+        Some(_) => Ok(Some(id)),
+        None => Err(not_here().into()),
+    }
+}
+
 /// Makes a key for the customer account with e-mail `email`, on its plan,
 /// refused past the plan's cap on keys (`max_keys_per_account`).
 async fn create_account_key(
     config: &Config,
     store: &dyn Store,
     email: &str,
-    name: String,
-    own_rpm: Option<u32>,
-    json: bool,
+    args: NewKeyArgs,
 ) -> anyhow::Result<()> {
+    let NewKeyArgs {
+        name,
+        rpm: own_rpm,
+        policy,
+        json,
+    } = args;
     let email = Email::parse(email)?;
     let account = store
         .account_by_email(&email)
@@ -295,6 +420,7 @@ async fn create_account_key(
     }
     let plan = account.plan;
     let key_rpm = check_own_rpm(own_rpm, plan.tier(), plan.custom_rpm(), &config.plans)?;
+    let policy_id = own_policy(store, &account.id, policy.as_deref()).await?;
     let max_keys = config.max_keys_per_account.of(plan.tier());
     let pepper = crate::load_pepper(config)?;
     let new = crate::access::keys::generate(&pepper);
@@ -304,6 +430,7 @@ async fn create_account_key(
         key_rpm,
         secret_hash: new.secret_hash,
         created_at: chrono::Utc::now(),
+        policy_id,
     };
     if store
         .insert_account_key(&account.id, &key, max_keys)
@@ -348,6 +475,8 @@ fn print_keys(config: &Config, keys: &[ApiKeyRecord], as_json: bool) {
                 },
                 "created_at": k.created_at,
                 "revoked_at": k.revoked_at,
+                // What it is judged by: its own policy, else its account's default.
+                "policy": k.policy.as_ref().map(|p| json!({"id": p.id, "name": p.name, "version": p.version})),
             })
         })
         .collect();
@@ -511,4 +640,194 @@ async fn usage(config: Config, args: UsageArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Who the command line is in a policy's history.
+const CLI_AUTHOR: &str = "cli";
+
+/// The account `--account` names, else the operator account.
+async fn policy_account(store: &dyn Store, email: Option<&str>) -> anyhow::Result<AccountId> {
+    let Some(email) = email else {
+        return Ok(AccountId::operator());
+    };
+    let email = Email::parse(email)?;
+    let account = store
+        .account_by_email(&email)
+        .await?
+        .with_context(|| format!("--account: no account with e-mail {email}"))?;
+    Ok(account.id)
+}
+
+/// The account's policy `id`; unknown and another account's alike are "not
+/// in this account".
+async fn find_policy(store: &dyn Store, account: &AccountId, id: &str) -> anyhow::Result<Policy> {
+    let not_here = || PolicyError::NotInAccount {
+        field: "ID".into(),
+        id: id.to_owned(),
+    };
+    let parsed = PolicyId::parse(id).ok_or_else(not_here)?;
+    Ok(store
+        .get_policy(account, &parsed)
+        .await?
+        .ok_or_else(not_here)?)
+}
+
+async fn policies(command: PoliciesCommand, config: &Config) -> anyhow::Result<()> {
+    let store = crate::store::connect(&config.database_url.0).await?;
+    let store = store.as_ref();
+    match command {
+        PoliciesCommand::Create {
+            name,
+            account,
+            rules,
+            default,
+            json,
+        } => {
+            let account = policy_account(store, account.as_deref()).await?;
+            let draft = PolicyDraft {
+                name: crate::access::policy::policy_name(&name)?,
+                rules: rules_from_args(&rules.thresholds, &rules.off)?,
+                changed_by: CLI_AUTHOR.into(),
+            };
+            let id = PolicyId::new_random();
+            match store
+                .insert_policy(&account, &id, &draft, default, chrono::Utc::now())
+                .await
+            {
+                Err(crate::store::StoreError::Conflict(_)) => {
+                    anyhow::bail!(
+                        "--name: the account already has a policy named {:?}",
+                        draft.name
+                    )
+                }
+                other => other?,
+            }
+            let policy = find_policy(store, &account, id.as_str()).await?;
+            print_policy(&policy, None, json);
+        }
+        PoliciesCommand::List { account, json } => {
+            let account = policy_account(store, account.as_deref()).await?;
+            let policies = store.account_policies(&account).await?;
+            if json {
+                let rows: Vec<_> = policies.iter().map(|p| policy_json(p, None)).collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                println!("{:<36}  {:>7}  {:<7}  name", "id", "version", "default");
+                for p in &policies {
+                    let default = if p.is_default { "yes" } else { "" };
+                    println!("{:<36}  {:>7}  {:<7}  {}", p.id, p.version, default, p.name);
+                }
+            }
+        }
+        PoliciesCommand::Show { id, account, json } => {
+            let account = policy_account(store, account.as_deref()).await?;
+            let policy = find_policy(store, &account, &id).await?;
+            let history = store.policy_history(&account, &policy.id).await?;
+            print_policy(&policy, Some(&history), json);
+        }
+        PoliciesCommand::Update {
+            id,
+            account,
+            name,
+            rules,
+            shipped,
+            default,
+            json,
+        } => {
+            let account = policy_account(store, account.as_deref()).await?;
+            let policy = find_policy(store, &account, &id).await?;
+            let mut merged = policy.rules;
+            for (category, rule) in rules_from_args(&rules.thresholds, &rules.off)?.iter() {
+                merged.set(category, Some(rule));
+            }
+            for name in &shipped {
+                merged.set(crate::access::policy::category("--shipped", name)?, None);
+            }
+            let draft = PolicyDraft {
+                name: match name {
+                    Some(name) => crate::access::policy::policy_name(&name)?,
+                    None => policy.name.clone(),
+                },
+                rules: merged,
+                changed_by: CLI_AUTHOR.into(),
+            };
+            match store
+                .update_policy(&account, &policy.id, &draft, chrono::Utc::now())
+                .await
+            {
+                Err(crate::store::StoreError::Conflict(_)) => {
+                    anyhow::bail!(
+                        "--name: the account already has a policy named {:?}",
+                        draft.name
+                    )
+                }
+                other => other?,
+            };
+            if default {
+                store.set_default_policy(&account, Some(&policy.id)).await?;
+            }
+            let policy = find_policy(store, &account, policy.id.as_str()).await?;
+            print_policy(&policy, None, json);
+        }
+    }
+    Ok(())
+}
+
+fn version_json(v: &PolicyVersion) -> serde_json::Value {
+    json!({
+        "version": v.version,
+        "name": v.name,
+        "rules": rules_to_json(&v.rules),
+        "changed_by": v.changed_by,
+        "changed_at": v.changed_at,
+    })
+}
+
+fn policy_json(p: &Policy, history: Option<&[PolicyVersion]>) -> serde_json::Value {
+    let mut value = json!({
+        "id": p.id,
+        "name": p.name,
+        "version": p.version,
+        "account": p.account_id,
+        "default": p.is_default,
+        "rules": rules_to_json(&p.rules),
+        "created_at": p.created_at,
+        "updated_at": p.updated_at,
+    });
+    if let Some(history) = history {
+        value["history"] = history.iter().map(version_json).collect();
+    }
+    value
+}
+
+fn print_policy(p: &Policy, history: Option<&[PolicyVersion]>, as_json: bool) {
+    if as_json {
+        println!("{}", policy_json(p, history));
+        return;
+    }
+    let default = if p.is_default {
+        " (the account's default)"
+    } else {
+        ""
+    };
+    println!(
+        "id:      {}\nname:    {}{default}\nversion: {}",
+        p.id, p.name, p.version
+    );
+    for category in Category::ALL {
+        let rule = match p.rules.get(category) {
+            None => "shipped".to_owned(),
+            Some(CategoryRule::Off) => "off".to_owned(),
+            Some(CategoryRule::Threshold(t)) => t.to_string(),
+        };
+        println!("  {:<24} {rule}", category.as_str());
+    }
+    for v in history.unwrap_or_default() {
+        println!(
+            "version {} by {} at {}",
+            v.version,
+            v.changed_by,
+            v.changed_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
 }

@@ -126,6 +126,8 @@ mod tests {
             secret_hash: vec![],
             created_at: chrono::Utc::now(),
             revoked_at: None,
+            policy_id: None,
+            policy: None,
         }
     }
 

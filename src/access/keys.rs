@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::accounts::AccountId;
 use super::plan::{effective_rpm, Tier};
+use super::policy::{AppliedPolicy, PolicyId};
 use crate::config::Plans;
 
 /// The public identifier of an API key (also the first part of the secret).
@@ -64,6 +65,12 @@ pub struct ApiKeyRecord {
     pub secret_hash: Vec<u8>,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The policy the key names itself, if any (one of its account's).
+    pub policy_id: Option<PolicyId>,
+    /// The policy it is judged by: its own, else its account's default;
+    /// `None`: the shipped thresholds alone. Read from the store with the
+    /// key, never set by hand.
+    pub policy: Option<AppliedPolicy>,
 }
 
 /// Whose allowance a key draws on.
@@ -253,6 +260,8 @@ mod tests {
             secret_hash: new.secret_hash.clone(),
             created_at: chrono::Utc::now(),
             revoked_at: None,
+            policy_id: None,
+            policy: None,
         }
     }
 

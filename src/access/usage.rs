@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::keys::KeyId;
+use super::policy::PolicyId;
 use crate::metrics::names;
 use crate::store::{Store, StoreError};
 use journal::{Journal, JournalError, SegmentId};
@@ -54,6 +55,10 @@ pub struct UsageEvent {
     /// existed have none: they all came from `/v1/moderate`.
     #[serde(default)]
     pub endpoint: Endpoint,
+    /// The policy the request was judged under (none: the shipped
+    /// thresholds). Journal lines written before policies have none.
+    #[serde(default)]
+    pub policy_id: Option<PolicyId>,
 }
 
 /// The metered route a usage event came from.
@@ -513,6 +518,7 @@ mod tests {
             billable: true,
             latency_ms: 3,
             endpoint: crate::access::Endpoint::Moderate,
+            policy_id: None,
         }
     }
 
@@ -530,6 +536,8 @@ mod tests {
                 secret_hash: vec![0; 32],
                 created_at: chrono::Utc::now(),
                 revoked_at: None,
+                policy_id: None,
+                policy: None,
             })
             .await
             .unwrap();

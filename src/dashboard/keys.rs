@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::error::DashError;
-use super::pages::{render, KeyRow, KeysPage, NewKeyView, PlanPage, RevokePage};
+use super::pages::{render, KeyRow, KeysPage, NewKeyView, PlanPage, PolicyChoice, RevokePage};
 use super::session::{CsrfForm, SignedIn};
 use crate::access::allowance::check_own_rpm;
-use crate::access::{Account, AccountId, KeyId, KeyRequestError};
+use crate::access::{Account, AccountId, KeyId, KeyRequestError, PolicyError, PolicyId};
 use crate::config::Plans;
 use crate::http::AppState;
 use crate::store::{AccountKey, AccountKeyInsert, NewAccountKey};
@@ -28,6 +28,15 @@ pub fn key_row(key: &AccountKey, plans: &Plans) -> KeyRow {
     KeyRow {
         id: k.id.to_string(),
         name: k.name.clone(),
+        policy_id: k
+            .policy_id
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        policy: match &k.policy {
+            Some(p) => format!("{} (v{})", p.name, p.version),
+            None => "shipped thresholds".to_owned(),
+        },
         plan: k.tier.to_string(),
         rpm: k.effective_rpm(plans),
         created: when(k.created_at),
@@ -57,10 +66,18 @@ async fn keys_page(
     new_key: Option<NewKeyView>,
     error: Option<String>,
 ) -> Result<Response, DashError> {
+    let policies = state.store.account_policies(&user.account.id).await?;
     let page = KeysPage {
         nav: user.nav(),
         csrf_token: user.csrf_token.clone(),
         keys: key_rows(state, &user.account.id).await?,
+        policies: policies
+            .iter()
+            .map(|p| PolicyChoice {
+                id: p.id.to_string(),
+                name: p.name.clone(),
+            })
+            .collect(),
         revoke_base: Some(keys_base(None)),
         new_key,
         error,
@@ -79,6 +96,9 @@ pub struct CreateKeyForm {
     /// A lower limit of the key's own (empty: the plan's).
     #[serde(default)]
     pub rpm: String,
+    /// One of the account's policies (empty: the account's default).
+    #[serde(default)]
+    pub policy: String,
     #[serde(default)]
     pub csrf_token: String,
 }
@@ -132,6 +152,25 @@ pub async fn create_key_for(
         Ok(rpm) => rpm,
         Err(error) => return Ok(Err(KeyRefused::invalid(error.to_string()))),
     };
+    let policy_id = match form.policy.trim() {
+        "" => None,
+        text => {
+            let mine = match PolicyId::parse(text) {
+                Some(id) => state.store.get_policy(&account.id, &id).await?,
+                None => None,
+            };
+            match mine {
+                Some(policy) => Some(policy.id),
+                None => {
+                    let error = PolicyError::NotInAccount {
+                        field: "policy".into(),
+                        id: text.to_owned(),
+                    };
+                    return Ok(Err(KeyRefused::invalid(error.to_string())));
+                }
+            }
+        }
+    };
     let new = crate::access::keys::generate(&state.pepper);
     let max_keys = state.max_keys_per_account.of(plan.tier());
     let key = NewAccountKey {
@@ -140,6 +179,7 @@ pub async fn create_key_for(
         key_rpm,
         secret_hash: new.secret_hash,
         created_at: Utc::now(),
+        policy_id,
     };
     match state
         .store

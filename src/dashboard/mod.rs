@@ -18,6 +18,7 @@ mod housekeeping;
 mod keys;
 mod mail;
 mod pages;
+mod policies;
 mod session;
 mod signup;
 mod usage;
@@ -48,6 +49,12 @@ pub fn router(_state: AppState) -> Router<AppState> {
             "/keys/{id}/revoke",
             get(keys::confirm_revoke).post(keys::revoke),
         )
+        .route(
+            "/keys/{id}/policy",
+            axum::routing::post(policies::set_key_policy),
+        )
+        .route("/policies", get(policies::list).post(policies::create))
+        .route("/policies/{id}", get(policies::show).post(policies::update))
         .route("/usage", get(usage::page))
         .route("/usage.csv", get(usage::csv))
         .route("/plan", get(keys::plan))

@@ -26,6 +26,11 @@ pub struct Nav {
 pub struct KeyRow {
     pub id: String,
     pub name: String,
+    /// The policy the key names itself (empty: its account's default).
+    pub policy_id: String,
+    /// What it is judged by, as shown: a policy's name and version, or
+    /// "shipped thresholds".
+    pub policy: String,
     pub plan: String,
     pub rpm: u32,
     pub created: String,
@@ -104,12 +109,20 @@ pub struct LoginPage {
     pub signup_open: bool,
 }
 
+/// A choice in a key's policy menu.
+pub struct PolicyChoice {
+    pub id: String,
+    pub name: String,
+}
+
 #[derive(Template)]
 #[template(path = "dashboard/keys.html")]
 pub struct KeysPage {
     pub nav: Option<Nav>,
     pub csrf_token: String,
     pub keys: Vec<KeyRow>,
+    /// The account's policies, for each key's menu.
+    pub policies: Vec<PolicyChoice>,
     /// Where the rows' revoke links go (see `keys::keys_base`).
     pub revoke_base: Option<String>,
     pub new_key: Option<NewKeyView>,
@@ -225,4 +238,60 @@ pub struct SignupPage {
     /// After a sign-up: the address the link went to, and no form.
     pub sent_to: Option<String>,
     pub link_hours: i64,
+}
+
+pub struct PolicyRow {
+    pub id: String,
+    pub name: String,
+    pub version: u32,
+    pub is_default: bool,
+    /// The rules in one line.
+    pub summary: String,
+    pub updated: String,
+}
+
+/// One category's row of the policy form.
+pub struct RuleField {
+    pub category: &'static str,
+    /// The shipped threshold, shown beside it.
+    pub shipped: String,
+    /// `shipped`, `off` or `threshold`.
+    pub mode: String,
+    pub value: String,
+}
+
+pub struct VersionRow {
+    pub version: u32,
+    pub name: String,
+    pub summary: String,
+    pub changed_by: String,
+    pub changed_at: String,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/policies.html")]
+pub struct PoliciesPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub policies: Vec<PolicyRow>,
+    pub fields: Vec<RuleField>,
+    pub name: String,
+    /// Whether the form's "default" box is ticked.
+    pub default_checked: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/policy.html")]
+pub struct PolicyPage {
+    pub nav: Option<Nav>,
+    pub csrf_token: String,
+    pub policy: PolicyRow,
+    pub name: String,
+    pub fields: Vec<RuleField>,
+    /// Whether the form's "default" box is ticked: the policy is the
+    /// account's default (or the refused form said so).
+    pub default_checked: bool,
+    pub history: Vec<VersionRow>,
+    pub error: Option<String>,
 }

@@ -135,15 +135,7 @@ pub async fn csv(
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, DashError> {
     let selected = selected_key(&state, &user, &query).await?;
-    let days = daily_usage(&state, &user.account.id, selected.as_ref()).await?;
-    let mut body = String::from("day,requests,items,rate_limited\n");
-    for d in &days {
-        let _ = writeln!(
-            body,
-            "{},{},{},{}",
-            d.day, d.requests, d.items, d.rate_limited
-        );
-    }
+    let body = csv_by_policy(&state, &user.account.id, selected.as_ref()).await?;
     let filename = match &selected {
         Some(id) => format!("attachment; filename=\"moderato-usage-{id}.csv\""),
         None => "attachment; filename=\"moderato-usage.csv\"".to_owned(),
@@ -156,6 +148,48 @@ pub async fn csv(
         body,
     )
         .into_response())
+}
+
+/// The CSV: the figures of [`daily_usage`] per UTC day and per policy the
+/// requests were judged under (the last column: its id, empty for none), so
+/// a bill can tell strict from lenient traffic. A day without traffic is
+/// one row of zeros.
+async fn csv_by_policy(
+    state: &AppState,
+    account: &AccountId,
+    only: Option<&KeyId>,
+) -> Result<String, DashError> {
+    let today = Utc::now().date_naive();
+    let first = today - Duration::days(DAYS - 1);
+    let mut totals: BTreeMap<(NaiveDate, String), (u64, u64, u64)> = BTreeMap::new();
+    let keys = state.store.account_keys(account).await?;
+    for key in keys
+        .iter()
+        .filter(|k| only.is_none_or(|id| *id == k.key.id))
+    {
+        for row in state.store.policy_usage(&key.key.id, first).await? {
+            let policy = row.policy_id.map(|p| p.to_string()).unwrap_or_default();
+            let day = totals.entry((row.day, policy)).or_default();
+            day.0 += row.requests;
+            day.1 += row.items;
+            day.2 += row.rate_limited;
+        }
+    }
+    for i in 0..DAYS {
+        let day = first + Duration::days(i);
+        if !totals.keys().any(|(d, _)| *d == day) {
+            totals.insert((day, String::new()), (0, 0, 0));
+        }
+    }
+    let mut body = String::from("day,requests,items,rate_limited,policy\n");
+    for ((day, policy), (requests, items, rate_limited)) in totals {
+        let _ = writeln!(
+            body,
+            "{},{requests},{items},{rate_limited},{policy}",
+            day.format("%Y-%m-%d")
+        );
+    }
+    Ok(body)
 }
 
 /// A chart line: its CSS class and the day's value it draws.

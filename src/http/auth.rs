@@ -109,6 +109,8 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
             .increment(1);
     }
     let status = response.status().as_u16();
+    // The policy the key was under when it was read (its judgement's, for a 200).
+    let policy_id = record.policy.as_ref().map(|p| p.id.clone());
     let event = UsageEvent {
         request_id,
         key_id: record.id,
@@ -124,6 +126,7 @@ pub async fn authenticate(State(state): State<AppState>, request: Request, next:
         billable: status == 200,
         latency_ms: u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX),
         endpoint,
+        policy_id,
     };
     // The response leaves only once its usage event is on disk.
     if let Err(error) = permit.record(event).await {

@@ -12,7 +12,7 @@ use utoipa::{PartialSchema, ToSchema};
 use super::auth::AuthenticatedKey;
 use super::error::{ApiError, ErrorCode};
 use super::extract::JsonBody;
-use super::pipeline::{self, ItemKind};
+use super::pipeline::{self, ItemKind, PolicyBody};
 use super::request_id::RequestId;
 use super::AppState;
 use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
@@ -193,6 +193,12 @@ pub struct ModerateResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     combined_text: Option<CombinedText>,
+    /// The policy the request was judged under (the key's own, else its
+    /// account's default); `null`: none, the shipped thresholds. A policy
+    /// changes `flagged` and `categories`, never the scores.
+    /// Always present.
+    #[schema(required = true)]
+    policy: Option<PolicyBody>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -403,7 +409,8 @@ pub async fn moderate(
             Err(refused) => return Ok(refused),
         };
     let model = state.engine.model_id();
-    Ok(scored.respond(|moderation| response_body(request_id.0, model, moderation)))
+    let policy = PolicyBody::of(&key);
+    Ok(scored.respond(|moderation| response_body(request_id.0, model, moderation, policy)))
 }
 
 /// `input[3].text` or `input[3].base64`.
@@ -423,7 +430,12 @@ impl InputItem {
     }
 }
 
-fn response_body(id: String, model: String, moderation: Moderation) -> ModerateResponse {
+fn response_body(
+    id: String,
+    model: String,
+    moderation: Moderation,
+    policy: Option<PolicyBody>,
+) -> ModerateResponse {
     let results = moderation
         .items
         .into_iter()
@@ -464,6 +476,7 @@ fn response_body(id: String, model: String, moderation: Moderation) -> ModerateR
         flagged: moderation.flagged,
         results,
         combined_text,
+        policy,
     }
 }
 

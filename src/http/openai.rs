@@ -22,7 +22,7 @@ use utoipa::{PartialSchema, ToSchema};
 use super::auth::AuthenticatedKey;
 use super::error::ApiError;
 use super::extract::JsonBody;
-use super::pipeline::{self, ItemKind};
+use super::pipeline::{self, ItemKind, PolicyBody};
 use super::request_id::RequestId;
 use super::AppState;
 use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
@@ -324,6 +324,12 @@ pub struct ModerationsResponse {
     /// Moderato's model id (not the one asked for).
     model: String,
     results: Vec<ModerationResult>,
+    /// Moderato's addition: the policy the request was judged under (the
+    /// key's own, else its account's default); `null`: none, the shipped
+    /// thresholds.
+    /// Always present.
+    #[schema(required = true)]
+    policy: Option<PolicyBody>,
 }
 
 /// One result in OpenAI's shape: per category the strongest score and any
@@ -538,10 +544,12 @@ pub async fn moderations(
         Err(refused) => return Ok(refused),
     };
     let model = state.engine.model_id();
+    let policy = PolicyBody::of(&key);
     Ok(scored.respond(|moderation| ModerationsResponse {
         id: request_id.0,
         model,
         results: shape.results(moderation),
+        policy,
     }))
 }
 

@@ -7,6 +7,7 @@
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::auth::AuthenticatedKey;
 use super::error::ApiError;
@@ -19,6 +20,31 @@ use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
 use crate::moderation::Category;
+
+/// The `policy` of a response: the policy the request was judged under;
+/// `null` when the key's account has none for it, so the shipped
+/// thresholds judged.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[schema(as = Policy)]
+pub struct PolicyBody {
+    /// The policy's id (`moderato policies list`, or the dashboard's Policies page).
+    id: String,
+    name: String,
+    /// 1 when made, one more at every change.
+    #[schema(minimum = 1)]
+    version: u32,
+}
+
+impl PolicyBody {
+    /// The body's `policy` for `key`.
+    pub fn of(key: &AuthenticatedKey) -> Option<PolicyBody> {
+        key.0.policy.as_ref().map(|p| PolicyBody {
+            id: p.id.to_string(),
+            name: p.name.clone(),
+            version: p.version,
+        })
+    }
+}
 
 /// How a route names the field an item came from, for error messages:
 /// `input[3].text` on `/v1/moderate`, `input[3]` or
@@ -83,9 +109,12 @@ pub async fn moderate(
         }
     };
     let kinds: Vec<ItemKind> = items.iter().map(ItemKind::of).collect();
+    // The key's policy as read with the key (at most the key cache's TTL
+    // old), the same one the response names.
+    let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
     let moderation = state
         .engine
-        .moderate(items, analyze_images)
+        .moderate(items, analyze_images, &rules)
         .await
         .map_err(|error| engine_error(error, &kinds, field))?;
     count_scored(&stats, &moderation);

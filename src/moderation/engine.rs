@@ -13,7 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
-use super::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
+use super::category::{
+    Category, CategoryRules, CategoryScores, EffectiveThresholds, Thresholds, NUM_CATEGORIES,
+};
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier};
 use super::deadline::{Deadline, DeadlineExceeded};
 use super::image::decode::{
@@ -56,7 +58,9 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn new(scores: CategoryScores, thresholds: &Thresholds) -> Verdict {
+    /// Judges `scores` by the request's effective thresholds (shipped,
+    /// with the key's policy over them): the one place a flag is decided.
+    pub fn judge(scores: CategoryScores, thresholds: &EffectiveThresholds) -> Verdict {
         let categories = thresholds.decide(&scores);
         Verdict {
             scores,
@@ -205,6 +209,12 @@ impl Engine {
         }
     }
 
+    /// The text model's shipped thresholds (configuration overrides
+    /// included), which a policy's rules replace: shown beside a policy's form.
+    pub fn shipped_text_thresholds(&self) -> Thresholds {
+        self.text_thresholds
+    }
+
     /// Classifier ids and versions, for the response's `model` field.
     pub fn model_id(&self) -> String {
         let mut parts = vec![self.text.model_id()];
@@ -214,24 +224,32 @@ impl Engine {
         parts.join("+")
     }
 
-    /// Moderates within the configured deadline, counted from now.
+    /// Moderates within the configured deadline, counted from now, judging
+    /// by the shipped thresholds with `rules` (the key's policy) over them.
     pub async fn moderate(
         &self,
         items: Vec<Item>,
         analyze_images: bool,
+        rules: &CategoryRules,
     ) -> Result<Moderation, EngineError> {
         let deadline = Deadline::after(self.budget.deadline);
-        self.moderate_within(items, analyze_images, &deadline).await
+        self.moderate_within(items, analyze_images, rules, &deadline)
+            .await
     }
 
     /// Moderates; once `deadline` is over the remaining work is cancelled
-    /// and `DeadlineExceeded` returned.
+    /// and `DeadlineExceeded` returned. A policy changes only the
+    /// decisions, never the scores: the same rules apply to text items,
+    /// images and the combined text.
     pub async fn moderate_within(
         &self,
         items: Vec<Item>,
         analyze_images: bool,
+        rules: &CategoryRules,
         deadline: &Deadline,
     ) -> Result<Moderation, EngineError> {
+        let text_thresholds = self.text_thresholds.under(rules);
+        let image_thresholds = self.image_thresholds.under(rules);
         let texts: Vec<(usize, String)> = items
             .iter()
             .enumerate()
@@ -265,10 +283,7 @@ impl Engine {
         let total = texts.len() + scored.len();
         let mut outcomes: Vec<Option<ItemOutcome>> = vec![None; total];
         for ((index, _), scores) in texts.iter().zip(item_scores) {
-            outcomes[*index] = Some(ItemOutcome::Text(Verdict::new(
-                scores,
-                &self.text_thresholds,
-            )));
+            outcomes[*index] = Some(ItemOutcome::Text(Verdict::judge(scores, &text_thresholds)));
         }
         let mut deep_analyses = 0;
         for (image, analysis) in scored.iter().zip(analyses) {
@@ -278,7 +293,7 @@ impl Engine {
             let (scores, evaluated) =
                 merge_image_scores(&image.scores.scores, &image.scores.evaluated, &analysis);
             outcomes[image.index] = Some(ItemOutcome::Image {
-                verdict: Verdict::new(scores, &self.image_thresholds),
+                verdict: Verdict::judge(scores, &image_thresholds),
                 evaluated,
                 analysis,
                 bytes: image.bytes.len(),
@@ -286,7 +301,7 @@ impl Engine {
         }
         let items: Vec<ItemOutcome> = outcomes.into_iter().flatten().collect();
         let combined_text =
-            combined.map(|scores| (Verdict::new(scores, &self.text_thresholds), texts.len()));
+            combined.map(|scores| (Verdict::judge(scores, &text_thresholds), texts.len()));
         let flagged = items.iter().any(|o| o.verdict().flagged)
             || combined_text.as_ref().is_some_and(|(v, _)| v.flagged);
         Ok(Moderation {
@@ -622,14 +637,20 @@ mod tests {
                 let engine = engine.clone();
                 tokio::spawn(async move {
                     let text = format!("heavy {}", "x".repeat(200));
-                    engine.moderate(vec![Item::Text(text)], false).await
+                    engine
+                        .moderate(vec![Item::Text(text)], false, &CategoryRules::default())
+                        .await
                 })
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(200)).await;
         let light = tokio::time::timeout(
             Duration::from_secs(10),
-            engine.moderate(vec![Item::Text("hello".into())], false),
+            engine.moderate(
+                vec![Item::Text("hello".into())],
+                false,
+                &CategoryRules::default(),
+            ),
         )
         .await;
         let (open, changed) = &*gate;
@@ -660,7 +681,9 @@ mod tests {
             .map(|i| Item::Text(format!("{i:02} {}", "y".repeat(1_990))))
             .collect();
         let started = std::time::Instant::now();
-        let result = engine.moderate(items, false).await;
+        let result = engine
+            .moderate(items, false, &CategoryRules::default())
+            .await;
         assert!(
             matches!(result, Err(EngineError::DeadlineExceeded(_))),
             "{result:?}"

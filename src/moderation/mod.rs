@@ -9,7 +9,10 @@ pub(crate) mod engine;
 pub mod image;
 pub mod text;
 
-pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
+pub use category::{
+    Category, CategoryRule, CategoryRules, CategoryScores, EffectiveThresholds, Threshold,
+    ThresholdOutOfRange, Thresholds, NUM_CATEGORIES,
+};
 pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use text::lexical::LexicalClassifier;

@@ -8,11 +8,16 @@ use chrono::{DateTime, Utc};
 use std::str::FromStr;
 
 use super::StoreError;
+use crate::access::policy::{rules_from_json, AppliedPolicy, PolicyId};
 use crate::access::{
     AccountId, ApiKeyRecord, Email, Endpoint, KeyId, KeyOwner, Plan, Tier, UsageEvent,
 };
 
-/// A key's columns. `revoked_at` stands for "refused since": the key's own
+/// A key's columns. The policy columns are the policy the key is judged
+/// by: its own, else its account's default, and only ever one of its own
+/// account's (the join says so, whatever the columns hold). Read with the
+/// key, so a policy change reaches every replica as fast as a revocation.
+/// `revoked_at` stands for "refused since": the key's own
 /// revocation, else its account's disabling. A customer's key reads its
 /// plan from its account (`tier`, `custom_rpm`), and its own `custom_rpm`
 /// is a lower limit (`key_rpm`); an operator key's columns are its own plan.
@@ -20,8 +25,17 @@ pub(super) const KEY_SELECT: &str = "SELECT k.id, k.name, k.account_id, \
      CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN k.tier ELSE a.tier END AS tier, \
      CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN k.custom_rpm ELSE a.custom_rpm END AS custom_rpm, \
      CASE WHEN k.account_id = '00000000-0000-0000-0000-000000000000' THEN NULL ELSE k.custom_rpm END AS key_rpm, \
-     k.secret_hash, k.created_at, COALESCE(k.revoked_at, a.disabled_at) AS revoked_at \
-     FROM api_keys k JOIN accounts a ON a.id = k.account_id";
+     k.secret_hash, k.created_at, COALESCE(k.revoked_at, a.disabled_at) AS revoked_at, \
+     k.policy_id AS own_policy_id, p.id AS policy_id, p.name AS policy_name, \
+     p.version AS policy_version, p.rules AS policy_rules \
+     FROM api_keys k JOIN accounts a ON a.id = k.account_id \
+     LEFT JOIN policies p ON p.id = COALESCE(k.policy_id, a.default_policy_id) \
+         AND p.account_id = k.account_id";
+
+/// A policy's columns, with whether it is its account's default.
+pub(super) const POLICY_COLUMNS: &str = "SELECT p.id, p.account_id, p.name, p.version, p.rules, \
+     p.created_at, p.updated_at, (a.default_policy_id IS NOT NULL AND a.default_policy_id = p.id) \
+     AS is_default FROM policies p JOIN accounts a ON a.id = p.account_id";
 
 /// Whose allowance a stored key draws on.
 pub(super) fn key_owner(account_id: &str, key_rpm: Option<u32>) -> Result<KeyOwner, StoreError> {
@@ -170,6 +184,7 @@ pub(super) struct UsageRow<'a> {
     pub billable: bool,
     pub latency_ms: i64,
     pub endpoint: &'a str,
+    pub policy_id: Option<&'a str>,
 }
 
 impl<'a> UsageRow<'a> {
@@ -189,6 +204,7 @@ impl<'a> UsageRow<'a> {
             billable: e.billable,
             latency_ms: i64::from(e.latency_ms),
             endpoint: e.endpoint.as_str(),
+            policy_id: e.policy_id.as_ref().map(PolicyId::as_str),
         })
     }
 
@@ -209,6 +225,7 @@ impl<'a> UsageRow<'a> {
             billable: self.billable,
             latency_ms: from_stored(self.latency_ms, "latency_ms")?,
             endpoint: Endpoint::from_str(self.endpoint).map_err(StoreError::Other)?,
+            policy_id: self.policy_id.map(parse_policy_id).transpose()?,
         })
     }
 }
@@ -228,6 +245,29 @@ where
 
 pub(super) fn parse_key_id(s: &str) -> Result<KeyId, StoreError> {
     KeyId::parse(s).ok_or_else(|| StoreError::Other(format!("stored key id {s:?} is malformed")))
+}
+
+pub(super) fn parse_policy_id(s: &str) -> Result<PolicyId, StoreError> {
+    PolicyId::parse(s)
+        .ok_or_else(|| StoreError::Other(format!("stored policy id {s:?} is malformed")))
+}
+
+/// The policy columns of [`KEY_SELECT`], all NULL when the key has none.
+pub(super) fn applied_policy(
+    id: Option<&str>,
+    name: Option<String>,
+    version: Option<i64>,
+    rules: Option<&str>,
+) -> Result<Option<AppliedPolicy>, StoreError> {
+    let (Some(id), Some(name), Some(version), Some(rules)) = (id, name, version, rules) else {
+        return Ok(None);
+    };
+    Ok(Some(AppliedPolicy {
+        id: parse_policy_id(id)?,
+        name,
+        version: from_stored(version, "policy version")?,
+        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+    }))
 }
 
 pub(super) fn parse_account_id(s: &str) -> Result<AccountId, StoreError> {

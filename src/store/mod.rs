@@ -6,7 +6,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::access::{
-    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Policy, PolicyDraft,
+    PolicyId, PolicyVersion, Tier, UsageEvent,
 };
 
 mod common;
@@ -65,6 +66,22 @@ pub struct NewAccountKey {
     pub key_rpm: Option<u32>,
     pub secret_hash: Vec<u8>,
     pub created_at: DateTime<Utc>,
+    /// A policy of the account's own (checked by the caller with
+    /// [`Store::get_policy`]); `None`: the account's default.
+    pub policy_id: Option<PolicyId>,
+}
+
+/// One day's usage of a key under one policy, for the usage CSV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyUsageRow {
+    pub day: NaiveDate,
+    /// `None`: judged by the shipped thresholds.
+    pub policy_id: Option<PolicyId>,
+    /// Billable requests.
+    pub requests: u64,
+    /// Text and image items of billable requests.
+    pub items: u64,
+    pub rate_limited: u64,
 }
 
 /// What became of a new account key.
@@ -289,6 +306,67 @@ pub trait Store: Send + Sync + 'static {
         attempts_before: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, StoreError>;
+
+    // Policies. Every method takes the account, and finds nothing of
+    // another account: the dashboard's 404 and the CLI's refusal follow.
+
+    /// Stores a new policy (version 1, with its first history row) of
+    /// `account`, and makes it the account's default when `make_default`.
+    /// `StoreError::Conflict` if the account has a policy of that name.
+    async fn insert_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        make_default: bool,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// Replaces the name and rules of the account's policy `id` as its next
+    /// version (kept in its history); the new version, or `None` if the
+    /// account has no such policy.
+    async fn update_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        at: DateTime<Utc>,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Makes the account's policy `id` its default (`None`: no default,
+    /// the shipped thresholds). `Ok(false)` if the account has no such policy.
+    async fn set_default_policy(
+        &self,
+        account: &AccountId,
+        id: Option<&PolicyId>,
+    ) -> Result<bool, StoreError>;
+    /// The account's policies, oldest first.
+    async fn account_policies(&self, account: &AccountId) -> Result<Vec<Policy>, StoreError>;
+    async fn get_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Option<Policy>, StoreError>;
+    /// Every version of the account's policy `id`, newest first (empty if
+    /// the account has no such policy).
+    async fn policy_history(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Vec<PolicyVersion>, StoreError>;
+    /// Sets the policy a key of `account` names (`None`: the account's
+    /// default). `Ok(false)` if the key or the policy is not the account's.
+    async fn set_key_policy(
+        &self,
+        account: &AccountId,
+        key: &KeyId,
+        policy: Option<&PolicyId>,
+    ) -> Result<bool, StoreError>;
+    /// A key's usage per UTC day and policy from `since` on, days and
+    /// policies with billable or rate-limited requests only.
+    async fn policy_usage(
+        &self,
+        key: &KeyId,
+        since: NaiveDate,
+    ) -> Result<Vec<PolicyUsageRow>, StoreError>;
 
     /// Stores a one-time password-setting token (its SHA-256).
     async fn insert_password_token(

@@ -8,16 +8,18 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, key_owner, map_migrate, map_sqlx, operator_key_only,
-    parse_account_id, parse_email, parse_key_id, redact_error, stored_plan, UsageRow,
-    ACQUIRE_TIMEOUT, KEY_SELECT,
+    applied_policy, custom_rpm_to_sql, from_stored, key_owner, map_migrate, map_sqlx,
+    operator_key_only, parse_account_id, parse_email, parse_key_id, parse_policy_id, redact_error,
+    stored_plan, UsageRow, ACQUIRE_TIMEOUT, KEY_SELECT, POLICY_COLUMNS,
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, Session, SessionUse, SignInFailures, Store, StoreError,
+    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
 };
+use crate::access::policy::{rules_from_json, rules_to_json};
 use crate::access::{
-    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Policy, PolicyDraft,
+    PolicyId, PolicyVersion, Tier, UsageEvent,
 };
 
 /// Connections per process: the server's handlers plus the usage writer.
@@ -29,7 +31,8 @@ const ACCOUNT_COLUMNS: &str =
     "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at, \
      awaiting_confirmation";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
-     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
+     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint, \
+     policy_id";
 
 /// Storage in PostgreSQL.
 #[derive(Clone, Debug)]
@@ -94,8 +97,9 @@ impl Store for PostgresStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         operator_key_only(key)?;
         sqlx::query(
-            "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO api_keys \
+             (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at, policy_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(key.id.as_str())
         .bind(&key.name)
@@ -104,6 +108,7 @@ impl Store for PostgresStore {
         .bind(&key.secret_hash)
         .bind(key.created_at)
         .bind(key.revoked_at)
+        .bind(key.policy_id.as_ref().map(PolicyId::as_str))
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
@@ -171,7 +176,7 @@ impl Store for PostgresStore {
             "INSERT INTO usage_events ({USAGE_COLUMNS}) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::int[], \
                  $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], \
-                 $10::bool[], $11::bool[], $12::bool[], $13::bigint[], $14::text[]) \
+                 $10::bool[], $11::bool[], $12::bool[], $13::bigint[], $14::text[], $15::text[]) \
              ON CONFLICT (request_id) DO NOTHING"
         );
         sqlx::query(&sql)
@@ -189,6 +194,7 @@ impl Store for PostgresStore {
             .bind(columns.billable)
             .bind(columns.latency_ms)
             .bind(columns.endpoint)
+            .bind(columns.policy_id)
             .execute(&self.pool)
             .await
             .map_err(map_sqlx)?;
@@ -417,8 +423,9 @@ impl Store for PostgresStore {
             return Ok(AccountKeyInsert::AccountFull);
         }
         sqlx::query(
-            "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, account_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO api_keys \
+             (id, name, tier, custom_rpm, secret_hash, created_at, account_id, policy_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(key.id.as_str())
         .bind(&key.name)
@@ -427,6 +434,7 @@ impl Store for PostgresStore {
         .bind(&key.secret_hash)
         .bind(key.created_at)
         .bind(account.as_str())
+        .bind(key.policy_id.as_ref().map(PolicyId::as_str))
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
@@ -678,6 +686,201 @@ impl Store for PostgresStore {
         Ok(deleted)
     }
 
+    async fn insert_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        make_default: bool,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let rules = rules_to_json(&draft.rules).to_string();
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        sqlx::query(
+            "INSERT INTO policies (id, account_id, name, version, rules, created_at, updated_at) \
+             VALUES ($1, $2, $3, 1, $4, $5, $5)",
+        )
+        .bind(id.as_str())
+        .bind(account.as_str())
+        .bind(&draft.name)
+        .bind(&rules)
+        .bind(at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        insert_version(&mut tx, id, 1, draft, &rules, at).await?;
+        if make_default {
+            sqlx::query("UPDATE accounts SET default_policy_id = $1 WHERE id = $2")
+                .bind(id.as_str())
+                .bind(account.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+        }
+        tx.commit().await.map_err(map_sqlx)
+    }
+
+    async fn update_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        at: DateTime<Utc>,
+    ) -> Result<Option<u32>, StoreError> {
+        let rules = rules_to_json(&draft.rules).to_string();
+        let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+        // The row lock of the UPDATE orders concurrent changes: each gets
+        // its own version.
+        let version: Option<i32> = sqlx::query_scalar(
+            "UPDATE policies SET name = $1, rules = $2, version = version + 1, updated_at = $3 \
+             WHERE id = $4 AND account_id = $5 RETURNING version",
+        )
+        .bind(&draft.name)
+        .bind(&rules)
+        .bind(at)
+        .bind(id.as_str())
+        .bind(account.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        let Some(version) = version else {
+            return Ok(None);
+        };
+        let version: u32 = from_stored(version, "policy version")?;
+        insert_version(&mut tx, id, version, draft, &rules, at).await?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(Some(version))
+    }
+
+    async fn set_default_policy(
+        &self,
+        account: &AccountId,
+        id: Option<&PolicyId>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE accounts SET default_policy_id = $1 WHERE id = $2 \
+             AND ($1::text IS NULL OR EXISTS \
+                 (SELECT 1 FROM policies WHERE id = $1 AND account_id = $2))",
+        )
+        .bind(id.map(PolicyId::as_str))
+        .bind(account.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn account_policies(&self, account: &AccountId) -> Result<Vec<Policy>, StoreError> {
+        let sql = format!("{POLICY_COLUMNS} WHERE p.account_id = $1 ORDER BY p.created_at, p.id");
+        let rows = sqlx::query(&sql)
+            .bind(account.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter().map(policy_from_row).collect()
+    }
+
+    async fn get_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Option<Policy>, StoreError> {
+        let sql = format!("{POLICY_COLUMNS} WHERE p.account_id = $1 AND p.id = $2");
+        let row = sqlx::query(&sql)
+            .bind(account.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        row.map(|r| policy_from_row(&r)).transpose()
+    }
+
+    async fn policy_history(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Vec<PolicyVersion>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT v.version, v.name, v.rules, v.changed_by, v.changed_at \
+             FROM policy_versions v JOIN policies p ON p.id = v.policy_id \
+             WHERE p.account_id = $1 AND p.id = $2 ORDER BY v.version DESC",
+        )
+        .bind(account.as_str())
+        .bind(id.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                let version: i32 = r.try_get("version").map_err(map_sqlx)?;
+                let rules: &str = r.try_get("rules").map_err(map_sqlx)?;
+                Ok(PolicyVersion {
+                    version: from_stored(version, "policy version")?,
+                    name: r.try_get("name").map_err(map_sqlx)?,
+                    rules: rules_from_json(rules).map_err(StoreError::Other)?,
+                    changed_by: r.try_get("changed_by").map_err(map_sqlx)?,
+                    changed_at: r.try_get("changed_at").map_err(map_sqlx)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_key_policy(
+        &self,
+        account: &AccountId,
+        key: &KeyId,
+        policy: Option<&PolicyId>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET policy_id = $1 WHERE id = $2 AND account_id = $3 \
+             AND ($1::text IS NULL OR EXISTS \
+                 (SELECT 1 FROM policies WHERE id = $1 AND account_id = $3))",
+        )
+        .bind(policy.map(PolicyId::as_str))
+        .bind(key.as_str())
+        .bind(account.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn policy_usage(
+        &self,
+        key: &KeyId,
+        since: NaiveDate,
+    ) -> Result<Vec<PolicyUsageRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT (at AT TIME ZONE 'UTC')::date AS day, policy_id, \
+                 COUNT(*) FILTER (WHERE billable) AS requests, \
+                 COALESCE(SUM(text_items + image_items) FILTER (WHERE billable), 0)::BIGINT AS items, \
+                 COUNT(*) FILTER (WHERE rate_limited) AS rate_limited \
+             FROM usage_events WHERE (billable OR rate_limited) AND key_id = $1 AND at >= $2 \
+             GROUP BY day, policy_id ORDER BY day, policy_id NULLS FIRST",
+        )
+        .bind(key.as_str())
+        .bind(start_of_day(since))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                let count = |column: &str| -> Result<u64, StoreError> {
+                    let v: i64 = r.try_get(column).map_err(map_sqlx)?;
+                    from_stored(v, column)
+                };
+                let policy: Option<&str> = r.try_get("policy_id").map_err(map_sqlx)?;
+                Ok(PolicyUsageRow {
+                    day: r.try_get("day").map_err(map_sqlx)?,
+                    policy_id: policy.map(parse_policy_id).transpose()?,
+                    requests: count("requests")?,
+                    items: count("items")?,
+                    rate_limited: count("rate_limited")?,
+                })
+            })
+            .collect()
+    }
+
     async fn insert_password_token(
         &self,
         token_hash: &[u8],
@@ -786,6 +989,7 @@ struct UsageColumns {
     billable: Vec<bool>,
     latency_ms: Vec<i64>,
     endpoint: Vec<&'static str>,
+    policy_id: Vec<Option<String>>,
 }
 
 impl UsageColumns {
@@ -807,6 +1011,7 @@ impl UsageColumns {
             c.billable.push(r.billable);
             c.latency_ms.push(r.latency_ms);
             c.endpoint.push(event.endpoint.as_str());
+            c.policy_id.push(r.policy_id.map(str::to_owned));
         }
         Ok(c)
     }
@@ -830,6 +1035,36 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyRecord, StoreError> {
         secret_hash: row.try_get("secret_hash").map_err(map_sqlx)?,
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
         revoked_at: row.try_get("revoked_at").map_err(map_sqlx)?,
+        policy_id: row
+            .try_get::<Option<&str>, _>("own_policy_id")
+            .map_err(map_sqlx)?
+            .map(parse_policy_id)
+            .transpose()?,
+        policy: applied_policy(
+            row.try_get("policy_id").map_err(map_sqlx)?,
+            row.try_get("policy_name").map_err(map_sqlx)?,
+            row.try_get::<Option<i32>, _>("policy_version")
+                .map_err(map_sqlx)?
+                .map(i64::from),
+            row.try_get("policy_rules").map_err(map_sqlx)?,
+        )?,
+    })
+}
+
+fn policy_from_row(row: &PgRow) -> Result<Policy, StoreError> {
+    let id: &str = row.try_get("id").map_err(map_sqlx)?;
+    let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
+    let version: i32 = row.try_get("version").map_err(map_sqlx)?;
+    let rules: &str = row.try_get("rules").map_err(map_sqlx)?;
+    Ok(Policy {
+        id: parse_policy_id(id)?,
+        account_id: parse_account_id(account)?,
+        name: row.try_get("name").map_err(map_sqlx)?,
+        version: from_stored(version, "policy version")?,
+        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+        is_default: row.try_get("is_default").map_err(map_sqlx)?,
+        created_at: row.try_get("created_at").map_err(map_sqlx)?,
+        updated_at: row.try_get("updated_at").map_err(map_sqlx)?,
     })
 }
 
@@ -851,6 +1086,7 @@ fn usage_from_row(row: &PgRow) -> Result<UsageEvent, StoreError> {
         billable: get_bool("billable")?,
         latency_ms: get_i64("latency_ms")?,
         endpoint: row.try_get("endpoint").map_err(map_sqlx)?,
+        policy_id: row.try_get("policy_id").map_err(map_sqlx)?,
     }
     .into_event()
 }
@@ -881,4 +1117,32 @@ fn attempts(row: &PgRow, count: &str, oldest: &str) -> Result<Attempts, StoreErr
         count: u32::try_from(n).unwrap_or(u32::MAX),
         oldest: row.try_get(oldest).map_err(map_sqlx)?,
     })
+}
+
+/// One row of a policy's history.
+async fn insert_version(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    id: &PolicyId,
+    version: u32,
+    draft: &PolicyDraft,
+    rules: &str,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO policy_versions (policy_id, version, name, rules, changed_by, changed_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id.as_str())
+    .bind(
+        i32::try_from(version)
+            .map_err(|_| StoreError::Other(format!("policy version {version} is too large")))?,
+    )
+    .bind(&draft.name)
+    .bind(rules)
+    .bind(&draft.changed_by)
+    .bind(at)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
 }

@@ -16,16 +16,18 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::common::{
-    custom_rpm_to_sql, from_stored, is_sqlite_busy, key_owner, map_migrate, map_sqlx,
-    operator_key_only, parse_account_id, parse_email, parse_key_id, redact_error, stored_plan,
-    UsageRow, ACQUIRE_TIMEOUT, KEY_SELECT,
+    applied_policy, custom_rpm_to_sql, from_stored, is_sqlite_busy, key_owner, map_migrate,
+    map_sqlx, operator_key_only, parse_account_id, parse_email, parse_key_id, parse_policy_id,
+    redact_error, stored_plan, UsageRow, ACQUIRE_TIMEOUT, KEY_SELECT, POLICY_COLUMNS,
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, Session, SessionUse, SignInFailures, Store, StoreError,
+    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
 };
+use crate::access::policy::{rules_from_json, rules_to_json};
 use crate::access::{
-    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Tier, UsageEvent,
+    Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Policy, PolicyDraft,
+    PolicyId, PolicyVersion, Tier, UsageEvent,
 };
 
 /// Readers run in parallel under WAL; writers queue on the file lock.
@@ -35,7 +37,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// SQLite's bind-parameter limit (SQLITE_MAX_VARIABLE_NUMBER of the bundled
 /// library, 3.32 and later).
 const MAX_BINDS: usize = 32_766;
-const USAGE_COLUMN_COUNT: usize = 14;
+const USAGE_COLUMN_COUNT: usize = 15;
 const ROWS_PER_INSERT: usize = MAX_BINDS / USAGE_COLUMN_COUNT;
 
 /// How long opening and migrating a database keeps retrying while another
@@ -54,7 +56,8 @@ const ACCOUNT_COLUMNS: &str =
     "id, email, password_hash, role, tier, custom_rpm, disabled_at, created_at, \
      awaiting_confirmation";
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
-     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint";
+     image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint, \
+     policy_id";
 
 /// Storage in a SQLite file.
 #[derive(Clone, Debug)]
@@ -201,8 +204,9 @@ impl Store for SqliteStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         operator_key_only(key)?;
         sqlx::query(
-            "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO api_keys \
+             (id, name, tier, custom_rpm, secret_hash, created_at, revoked_at, policy_id) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(key.id.as_str())
         .bind(&key.name)
@@ -211,6 +215,7 @@ impl Store for SqliteStore {
         .bind(&key.secret_hash)
         .bind(timestamp(key.created_at))
         .bind(key.revoked_at.map(timestamp))
+        .bind(key.policy_id.as_ref().map(PolicyId::as_str))
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
@@ -512,8 +517,9 @@ impl Store for SqliteStore {
         // One statement counts and inserts; SQLite runs one writer at a
         // time, so two requests cannot both see room for one more key.
         let done = sqlx::query(
-            "INSERT INTO api_keys (id, name, tier, custom_rpm, secret_hash, created_at, account_id) \
-             SELECT ?1, ?2, tier, ?3, ?4, ?5, id FROM accounts WHERE id = ?6 \
+            "INSERT INTO api_keys \
+             (id, name, tier, custom_rpm, secret_hash, created_at, account_id, policy_id) \
+             SELECT ?1, ?2, tier, ?3, ?4, ?5, id, ?8 FROM accounts WHERE id = ?6 \
              AND (SELECT COUNT(*) FROM api_keys WHERE account_id = ?6 AND revoked_at IS NULL) < ?7",
         )
         .bind(key.id.as_str())
@@ -523,6 +529,7 @@ impl Store for SqliteStore {
         .bind(timestamp(key.created_at))
         .bind(account.as_str())
         .bind(i64::from(max_keys))
+        .bind(key.policy_id.as_ref().map(PolicyId::as_str))
         .execute(&self.pool)
         .await
         .map_err(map_sqlx)?;
@@ -785,6 +792,208 @@ impl Store for SqliteStore {
         Ok(deleted)
     }
 
+    async fn insert_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        make_default: bool,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let rules = rules_to_json(&draft.rules).to_string();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query(
+            "INSERT INTO policies (id, account_id, name, version, rules, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, 1, ?4, ?5, ?5)",
+        )
+        .bind(id.as_str())
+        .bind(account.as_str())
+        .bind(&draft.name)
+        .bind(&rules)
+        .bind(timestamp(at))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        insert_version(&mut tx, id, 1, draft, &rules, at).await?;
+        if make_default {
+            sqlx::query("UPDATE accounts SET default_policy_id = ? WHERE id = ?")
+                .bind(id.as_str())
+                .bind(account.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+        }
+        tx.commit().await.map_err(map_sqlx)
+    }
+
+    async fn update_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+        draft: &PolicyDraft,
+        at: DateTime<Utc>,
+    ) -> Result<Option<u32>, StoreError> {
+        let rules = rules_to_json(&draft.rules).to_string();
+        // IMMEDIATE: one writer at a time, so each change gets its own version.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_sqlx)?;
+        let version: Option<i64> = sqlx::query_scalar(
+            "UPDATE policies SET name = ?1, rules = ?2, version = version + 1, updated_at = ?3 \
+             WHERE id = ?4 AND account_id = ?5 RETURNING version",
+        )
+        .bind(&draft.name)
+        .bind(&rules)
+        .bind(timestamp(at))
+        .bind(id.as_str())
+        .bind(account.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        let Some(version) = version else {
+            return Ok(None);
+        };
+        let version: u32 = from_stored(version, "policy version")?;
+        insert_version(&mut tx, id, version, draft, &rules, at).await?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(Some(version))
+    }
+
+    async fn set_default_policy(
+        &self,
+        account: &AccountId,
+        id: Option<&PolicyId>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE accounts SET default_policy_id = ?1 WHERE id = ?2 \
+             AND (?1 IS NULL OR EXISTS (SELECT 1 FROM policies WHERE id = ?1 AND account_id = ?2))",
+        )
+        .bind(id.map(PolicyId::as_str))
+        .bind(account.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn account_policies(&self, account: &AccountId) -> Result<Vec<Policy>, StoreError> {
+        let sql = format!("{POLICY_COLUMNS} WHERE p.account_id = ? ORDER BY p.created_at, p.id");
+        let rows = sqlx::query(&sql)
+            .bind(account.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        rows.iter().map(policy_from_row).collect()
+    }
+
+    async fn get_policy(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Option<Policy>, StoreError> {
+        let sql = format!("{POLICY_COLUMNS} WHERE p.account_id = ? AND p.id = ?");
+        let row = sqlx::query(&sql)
+            .bind(account.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        row.map(|r| policy_from_row(&r)).transpose()
+    }
+
+    async fn policy_history(
+        &self,
+        account: &AccountId,
+        id: &PolicyId,
+    ) -> Result<Vec<PolicyVersion>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT v.version, v.name, v.rules, v.changed_by, v.changed_at \
+             FROM policy_versions v JOIN policies p ON p.id = v.policy_id \
+             WHERE p.account_id = ? AND p.id = ? ORDER BY v.version DESC",
+        )
+        .bind(account.as_str())
+        .bind(id.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                let version: i64 = r.try_get("version").map_err(map_sqlx)?;
+                let rules: &str = r.try_get("rules").map_err(map_sqlx)?;
+                let changed_at: &str = r.try_get("changed_at").map_err(map_sqlx)?;
+                Ok(PolicyVersion {
+                    version: from_stored(version, "policy version")?,
+                    name: r.try_get("name").map_err(map_sqlx)?,
+                    rules: rules_from_json(rules).map_err(StoreError::Other)?,
+                    changed_by: r.try_get("changed_by").map_err(map_sqlx)?,
+                    changed_at: parse_timestamp(changed_at)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_key_policy(
+        &self,
+        account: &AccountId,
+        key: &KeyId,
+        policy: Option<&PolicyId>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET policy_id = ?1 WHERE id = ?2 AND account_id = ?3 \
+             AND (?1 IS NULL OR EXISTS (SELECT 1 FROM policies WHERE id = ?1 AND account_id = ?3))",
+        )
+        .bind(policy.map(PolicyId::as_str))
+        .bind(key.as_str())
+        .bind(account.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn policy_usage(
+        &self,
+        key: &KeyId,
+        since: NaiveDate,
+    ) -> Result<Vec<PolicyUsageRow>, StoreError> {
+        let start = since.and_time(NaiveTime::MIN).and_utc();
+        let rows = sqlx::query(
+            "SELECT date(at) AS day, policy_id, SUM(billable) AS requests, \
+                 SUM(CASE WHEN billable = 1 THEN text_items + image_items ELSE 0 END) AS items, \
+                 SUM(rate_limited) AS rate_limited \
+             FROM usage_events WHERE (billable = 1 OR rate_limited = 1) AND key_id = ? AND at >= ? \
+             GROUP BY day, policy_id ORDER BY day, policy_id",
+        )
+        .bind(key.as_str())
+        .bind(timestamp(start))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                let count = |column: &str| -> Result<u64, StoreError> {
+                    let v: i64 = r.try_get(column).map_err(map_sqlx)?;
+                    from_stored(v, column)
+                };
+                let day: &str = r.try_get("day").map_err(map_sqlx)?;
+                let policy: Option<&str> = r.try_get("policy_id").map_err(map_sqlx)?;
+                Ok(PolicyUsageRow {
+                    day: parse_day(day)?,
+                    policy_id: policy.map(parse_policy_id).transpose()?,
+                    requests: count("requests")?,
+                    items: count("items")?,
+                    rate_limited: count("rate_limited")?,
+                })
+            })
+            .collect()
+    }
+
     async fn insert_password_token(
         &self,
         token_hash: &[u8],
@@ -892,7 +1101,8 @@ fn insert_usage_chunk<'a>(rows: &'a [UsageRow<'a>]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.rate_limited)
             .push_bind(r.billable)
             .push_bind(r.latency_ms)
-            .push_bind(r.endpoint);
+            .push_bind(r.endpoint)
+            .push_bind(r.policy_id);
     });
     query.push(" ON CONFLICT (request_id) DO NOTHING");
     query
@@ -918,7 +1128,62 @@ fn key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
         secret_hash: row.try_get("secret_hash").map_err(map_sqlx)?,
         created_at: parse_timestamp(created_at)?,
         revoked_at: revoked_at.map(parse_timestamp).transpose()?,
+        policy_id: row
+            .try_get::<Option<&str>, _>("own_policy_id")
+            .map_err(map_sqlx)?
+            .map(parse_policy_id)
+            .transpose()?,
+        policy: applied_policy(
+            row.try_get("policy_id").map_err(map_sqlx)?,
+            row.try_get("policy_name").map_err(map_sqlx)?,
+            row.try_get("policy_version").map_err(map_sqlx)?,
+            row.try_get("policy_rules").map_err(map_sqlx)?,
+        )?,
     })
+}
+
+fn policy_from_row(row: &SqliteRow) -> Result<Policy, StoreError> {
+    let id: &str = row.try_get("id").map_err(map_sqlx)?;
+    let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
+    let version: i64 = row.try_get("version").map_err(map_sqlx)?;
+    let rules: &str = row.try_get("rules").map_err(map_sqlx)?;
+    let created_at: &str = row.try_get("created_at").map_err(map_sqlx)?;
+    let updated_at: &str = row.try_get("updated_at").map_err(map_sqlx)?;
+    Ok(Policy {
+        id: parse_policy_id(id)?,
+        account_id: parse_account_id(account)?,
+        name: row.try_get("name").map_err(map_sqlx)?,
+        version: from_stored(version, "policy version")?,
+        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+        is_default: row.try_get("is_default").map_err(map_sqlx)?,
+        created_at: parse_timestamp(created_at)?,
+        updated_at: parse_timestamp(updated_at)?,
+    })
+}
+
+/// One row of a policy's history.
+async fn insert_version(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    id: &PolicyId,
+    version: u32,
+    draft: &PolicyDraft,
+    rules: &str,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO policy_versions (policy_id, version, name, rules, changed_by, changed_at) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(id.as_str())
+    .bind(i64::from(version))
+    .bind(&draft.name)
+    .bind(rules)
+    .bind(&draft.changed_by)
+    .bind(timestamp(at))
+    .execute(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
 }
 
 fn usage_from_row(row: &SqliteRow) -> Result<UsageEvent, StoreError> {
@@ -940,6 +1205,7 @@ fn usage_from_row(row: &SqliteRow) -> Result<UsageEvent, StoreError> {
         billable: get_bool("billable")?,
         latency_ms: get_i64("latency_ms")?,
         endpoint: row.try_get("endpoint").map_err(map_sqlx)?,
+        policy_id: row.try_get("policy_id").map_err(map_sqlx)?,
     }
     .into_event()
 }

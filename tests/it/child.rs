@@ -37,6 +37,8 @@ pub async fn enterprise_key(
             secret_hash: new.secret_hash.clone(),
             created_at: chrono::Utc::now(),
             revoked_at: None,
+            policy_id: None,
+            policy: None,
         })
         .await
         .unwrap();

@@ -1612,8 +1612,10 @@ async fn usage_page_and_csv_show_the_billing_figures(backend: Backend) {
             .header("content-disposition")
             .is_some_and(|d| d.starts_with("attachment")));
         let mut lines = csv.body.lines();
-        assert_eq!(lines.next(), Some("day,requests,items,rate_limited"));
-        let today_line = format!("{today},{},{},{}", expected[0], expected[1], expected[2]);
+        // The last column is the policy the requests were judged under
+        // (empty: none, the shipped thresholds).
+        assert_eq!(lines.next(), Some("day,requests,items,rate_limited,policy"));
+        let today_line = format!("{today},{},{},{},", expected[0], expected[1], expected[2]);
         assert!(
             csv.body.lines().any(|l| l == today_line),
             "usage.csv{query} has {today_line:?}:\n{}",

@@ -265,6 +265,8 @@ impl TestApp {
             secret_hash: new.secret_hash,
             created_at: chrono::Utc::now(),
             revoked_at: None,
+            policy_id: None,
+            policy: None,
         };
         self.store.insert_key(&record).await.expect("insert key");
         (new.id, new.full_key)

@@ -21,6 +21,7 @@ mod metrics;
 mod moderations;
 mod nsfwjs_reference;
 mod openapi;
+mod policies;
 mod signatures;
 mod signup;
 mod store;

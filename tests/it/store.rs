@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use moderato::access::{
-    Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, Role, Tier,
-    UsageEvent,
+    Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, PolicyDraft,
+    PolicyId, Role, Tier, UsageEvent,
 };
+use moderato::moderation::{Category, CategoryRule, CategoryRules, Threshold};
 use moderato::store::{
-    self, BillingRow, NewAccountKey, NewSession, Period, PostgresStore, SessionUse, SignInFailures,
-    SqliteStore, Store, StoreError,
+    self, BillingRow, NewAccountKey, NewSession, Period, PolicyUsageRow, PostgresStore, SessionUse,
+    SignInFailures, SqliteStore, Store, StoreError,
 };
 
 use crate::helpers::{Backend, TestDb};
@@ -96,6 +97,8 @@ fn key(n: u64, created_at: DateTime<Utc>) -> ApiKeyRecord {
         secret_hash: vec![n as u8; 32],
         created_at,
         revoked_at: None,
+        policy_id: None,
+        policy: None,
     }
 }
 
@@ -116,6 +119,7 @@ fn event(request_id: &str, key: &KeyId, at: DateTime<Utc>) -> UsageEvent {
         billable: true,
         latency_ms: 12,
         endpoint: Endpoint::Moderate,
+        policy_id: None,
     }
 }
 
@@ -756,6 +760,8 @@ on_both_backends!(with super::run:
     sign_ups_are_counted_by_address,
     password_tokens_are_single_use_and_expire,
     pruning_deletes_old_attempts_and_expired_credentials_only,
+    policies_are_versioned_kept_apart_and_read_with_the_key,
+    usage_is_counted_per_day_and_policy,
 );
 
 fn new_account(email: &str, role: Role, plan: Plan) -> Account {
@@ -773,6 +779,7 @@ fn account_key(n: u64) -> NewAccountKey {
         key_rpm: None,
         secret_hash: vec![n as u8; 32],
         created_at: at(2026, 1, 1, 0, 0, n as u32),
+        policy_id: None,
     }
 }
 
@@ -1392,4 +1399,200 @@ async fn pruning_deletes_old_attempts_and_expired_credentials_only(ctx: Ctx) {
         0,
         "nothing left to prune"
     );
+}
+
+fn draft(name: &str, off: &[Category], by: &str) -> PolicyDraft {
+    let mut rules = CategoryRules::default();
+    for c in off {
+        rules.set(*c, Some(CategoryRule::Off));
+    }
+    PolicyDraft {
+        name: name.into(),
+        rules,
+        changed_by: by.into(),
+    }
+}
+
+async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let a = new_account("a@example.com", Role::Customer, free());
+    let b = new_account("b@example.com", Role::Customer, free());
+    store.insert_account(&a).await.unwrap();
+    store.insert_account(&b).await.unwrap();
+    let (pa, pa2, pb) = (
+        PolicyId::new_random(),
+        PolicyId::new_random(),
+        PolicyId::new_random(),
+    );
+    let t1 = at(2026, 5, 1, 10, 0, 0);
+    let strict = draft("strict", &[Category::Hate], "a@example.com");
+    store
+        .insert_policy(&a.id, &pa, &strict, false, t1)
+        .await
+        .unwrap();
+    match store
+        .insert_policy(&a.id, &PolicyId::new_random(), &strict, false, t1)
+        .await
+    {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("a second policy of the same name: {other:?}"),
+    }
+    store
+        .insert_policy(
+            &a.id,
+            &pa2,
+            &draft("lenient", &[], "cli"),
+            false,
+            t1 + chrono::Duration::minutes(1),
+        )
+        .await
+        .unwrap();
+    store
+        .insert_policy(&b.id, &pb, &draft("strict", &[], "cli"), true, t1)
+        .await
+        .expect("names are per account");
+
+    store
+        .insert_account_key(&a.id, &account_key(1), 3)
+        .await
+        .unwrap();
+    let key = store.get_key(&key_id(1)).await.unwrap().unwrap();
+    assert_eq!(key.policy, None, "no default, no policy of its own");
+
+    // Defaults and a key's own policy: the account's policies only.
+    assert!(!store.set_default_policy(&a.id, Some(&pb)).await.unwrap());
+    assert!(store.set_default_policy(&a.id, Some(&pa)).await.unwrap());
+    let applied = store
+        .get_key(&key_id(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .policy
+        .unwrap();
+    assert_eq!(
+        (applied.id.clone(), applied.name.as_str(), applied.version),
+        (pa.clone(), "strict", 1)
+    );
+    assert_eq!(applied.rules.get(Category::Hate), Some(CategoryRule::Off));
+    assert!(!store
+        .set_key_policy(&a.id, &key_id(1), Some(&pb))
+        .await
+        .unwrap());
+    assert!(!store.set_key_policy(&b.id, &key_id(1), None).await.unwrap());
+    assert!(store
+        .set_key_policy(&a.id, &key_id(1), Some(&pa2))
+        .await
+        .unwrap());
+    let key = store.get_key(&key_id(1)).await.unwrap().unwrap();
+    assert_eq!(key.policy_id, Some(pa2.clone()));
+    assert_eq!(key.policy.unwrap().id, pa2);
+    assert!(store.set_key_policy(&a.id, &key_id(1), None).await.unwrap());
+    let key = store.get_key(&key_id(1)).await.unwrap().unwrap();
+    assert_eq!((key.policy_id, key.policy.unwrap().id), (None, pa.clone()));
+
+    // A change is the next version, kept with who and when; never through
+    // another account.
+    let t2 = at(2026, 5, 2, 11, 30, 0);
+    let mut changed = draft("strict", &[Category::Hate, Category::Violence], "cli");
+    changed.rules.set(
+        Category::Sexual,
+        Some(CategoryRule::Threshold(Threshold::new(0.25).unwrap())),
+    );
+    assert_eq!(
+        store.update_policy(&b.id, &pa, &changed, t2).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.update_policy(&a.id, &pa, &changed, t2).await.unwrap(),
+        Some(2)
+    );
+    let applied = store
+        .get_key(&key_id(1))
+        .await
+        .unwrap()
+        .unwrap()
+        .policy
+        .unwrap();
+    assert_eq!(applied.version, 2);
+    assert_eq!(applied.rules, changed.rules);
+    let history = store.policy_history(&a.id, &pa).await.unwrap();
+    let seen: Vec<(u32, &str, DateTime<Utc>)> = history
+        .iter()
+        .map(|v| (v.version, v.changed_by.as_str(), v.changed_at))
+        .collect();
+    assert_eq!(seen, [(2, "cli", t2), (1, "a@example.com", t1)]);
+    assert_eq!(history[1].rules, strict.rules);
+    assert!(store.policy_history(&b.id, &pa).await.unwrap().is_empty());
+    assert!(store.get_policy(&b.id, &pa).await.unwrap().is_none());
+    let listed = store.account_policies(&a.id).await.unwrap();
+    let listed: Vec<(&str, u32, bool)> = listed
+        .iter()
+        .map(|p| (p.name.as_str(), p.version, p.is_default))
+        .collect();
+    assert_eq!(listed, [("strict", 2, true), ("lenient", 1, false)]);
+    // No default: the shipped thresholds again.
+    assert!(store.set_default_policy(&a.id, None).await.unwrap());
+    assert_eq!(
+        store.get_key(&key_id(1)).await.unwrap().unwrap().policy,
+        None
+    );
+}
+
+async fn usage_is_counted_per_day_and_policy(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let k = key_id(1);
+    let p = PolicyId::new_random();
+    let day = at(2026, 6, 1, 9, 0, 0);
+    let with = |id: &str, at: DateTime<Utc>, policy: Option<&PolicyId>| UsageEvent {
+        policy_id: policy.cloned(),
+        ..event(id, &k, at)
+    };
+    store
+        .insert_usage(&[
+            with("u1", day, None),
+            with("u2", day, Some(&p)),
+            with("u3", day + chrono::Duration::hours(1), Some(&p)),
+            with("u4", day + chrono::Duration::days(1), Some(&p)),
+            UsageEvent {
+                policy_id: Some(p.clone()),
+                ..refused("u5", &k, day)
+            },
+        ])
+        .await
+        .unwrap();
+    let stored = store.usage_events(Some(&k)).await.unwrap();
+    assert_eq!(
+        stored
+            .iter()
+            .filter(|e| e.policy_id.as_ref() == Some(&p))
+            .count(),
+        4
+    );
+    let rows = store
+        .policy_usage(&k, NaiveDate::from_ymd_opt(2026, 6, 1).unwrap())
+        .await
+        .unwrap();
+    let first = NaiveDate::from_ymd_opt(2026, 6, 1).unwrap();
+    let second = NaiveDate::from_ymd_opt(2026, 6, 2).unwrap();
+    let row = |day, policy: Option<&PolicyId>, requests, rate_limited| PolicyUsageRow {
+        day,
+        policy_id: policy.cloned(),
+        requests,
+        items: requests,
+        rate_limited,
+    };
+    assert_eq!(
+        rows,
+        [
+            row(first, None, 1, 0),
+            row(first, Some(&p), 2, 1),
+            row(second, Some(&p), 1, 0),
+        ]
+    );
+    assert!(store
+        .policy_usage(&k, NaiveDate::from_ymd_opt(2026, 6, 3).unwrap())
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -392,6 +392,7 @@ mod tests {
             billable: true,
             latency_ms: 3,
             endpoint: crate::access::Endpoint::Moderate,
+            policy_id: None,
         }
     }
 

@@ -427,7 +427,11 @@ async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
     let item = |path: &str| remote_item(&remote, &host.url(path));
 
     let moderation = engine
-        .moderate(vec![item("/cat.png")], false)
+        .moderate(
+            vec![item("/cat.png")],
+            false,
+            &crate::moderation::CategoryRules::default(),
+        )
         .await
         .expect("scored");
     match &moderation.items[..] {
@@ -435,7 +439,13 @@ async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
         other => panic!("{other:?}"),
     }
 
-    let refused = engine.moderate(vec![item("/page.html")], false).await;
+    let refused = engine
+        .moderate(
+            vec![item("/page.html")],
+            false,
+            &crate::moderation::CategoryRules::default(),
+        )
+        .await;
     match refused {
         Err(EngineError::Image {
             index: 0,
@@ -446,7 +456,11 @@ async fn the_engine_scores_a_fetched_image_and_counts_its_bytes() {
         other => panic!("{other:?}"),
     }
     let refused = engine
-        .moderate(vec![Item::Text("hello".into()), item("/missing")], false)
+        .moderate(
+            vec![Item::Text("hello".into()), item("/missing")],
+            false,
+            &crate::moderation::CategoryRules::default(),
+        )
         .await;
     assert!(
         matches!(
@@ -516,7 +530,11 @@ async fn a_fetch_stops_at_the_request_deadline() {
     });
     let started = Instant::now();
     let result = engine
-        .moderate(vec![remote_item(&remote, &host.url("/stall-body"))], false)
+        .moderate(
+            vec![remote_item(&remote, &host.url("/stall-body"))],
+            false,
+            &crate::moderation::CategoryRules::default(),
+        )
         .await;
     assert!(
         matches!(result, Err(EngineError::DeadlineExceeded(_))),
