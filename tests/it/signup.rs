@@ -348,57 +348,9 @@ async fn a_refused_message_asks_to_try_again(backend: Backend) {
         comparable(&new)
     );
     assert!(
-        !new.body.contains("554"),
+        !new.body.contains("Relay access denied"),
         "the server's answer stays in the log"
     );
-}
-
-/// An unconfirmed sign-up whose links have all expired is pruned; a
-/// confirmed account of the same age is not.
-async fn unconfirmed_sign_ups_are_pruned_when_their_links_expire(backend: Backend) {
-    use moderato::access::{Account, Email, Plan, Role, Tier};
-    let app = spawn_app_with(backend, |_| {}).await;
-    let store = &app.store;
-    let plan = Plan::new(Tier::Free, None).unwrap();
-    let mut waiting = Account::signed_up(Email::parse("old@example.com").unwrap(), plan);
-    waiting.created_at -= chrono::Duration::days(3);
-    store.insert_account(&waiting).await.unwrap();
-    let mut fresh = Account::signed_up(Email::parse("fresh@example.com").unwrap(), plan);
-    fresh.created_at -= chrono::Duration::days(3);
-    store.insert_account(&fresh).await.unwrap();
-    let mut confirmed = Account::new(
-        Email::parse("kept@example.com").unwrap(),
-        Role::Customer,
-        plan,
-        None,
-    );
-    confirmed.created_at -= chrono::Duration::days(3);
-    store.insert_account(&confirmed).await.unwrap();
-    let now = chrono::Utc::now();
-    // `fresh` was sent a new link an hour ago; `old`'s expired.
-    store
-        .insert_password_token(
-            b"old-link-hash",
-            &waiting.id,
-            now - chrono::Duration::days(2),
-        )
-        .await
-        .unwrap();
-    store
-        .insert_password_token(
-            b"new-link-hash",
-            &fresh.id,
-            now + chrono::Duration::hours(23),
-        )
-        .await
-        .unwrap();
-    store
-        .prune_dashboard_records(now - chrono::Duration::days(1), now)
-        .await
-        .unwrap();
-    assert!(store.get_account(&waiting.id).await.unwrap().is_none());
-    assert!(store.get_account(&fresh.id).await.unwrap().is_some());
-    assert!(store.get_account(&confirmed.id).await.unwrap().is_some());
 }
 
 on_both_backends!(
@@ -407,5 +359,4 @@ on_both_backends!(
     sign_up_does_not_tell_whether_an_email_is_taken,
     sign_ups_are_bounded_per_address,
     a_refused_message_asks_to_try_again,
-    unconfirmed_sign_ups_are_pruned_when_their_links_expire,
 );

@@ -758,6 +758,7 @@ on_both_backends!(with super::run:
     sign_in_failures_are_counted_by_email_address_and_device,
     device_cookies_belong_to_one_account_and_expire,
     sign_ups_are_counted_by_address,
+    unconfirmed_sign_ups_are_pruned_when_their_links_expire,
     password_tokens_are_single_use_and_expire,
     pruning_deletes_old_attempts_and_expired_credentials_only,
     policies_are_versioned_kept_apart_and_read_with_the_key,
@@ -1399,6 +1400,46 @@ async fn pruning_deletes_old_attempts_and_expired_credentials_only(ctx: Ctx) {
         0,
         "nothing left to prune"
     );
+}
+
+/// An unconfirmed sign-up whose links have all expired is pruned with
+/// them; one with a live link, and a confirmed account of the same age,
+/// are kept.
+async fn unconfirmed_sign_ups_are_pruned_when_their_links_expire(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    let now = Utc::now();
+    let days_ago = |email: &str, confirmed: bool| {
+        let email = Email::parse(email).unwrap();
+        let mut account = if confirmed {
+            new_account(email.as_str(), Role::Customer, free())
+        } else {
+            Account::signed_up(email, free())
+        };
+        account.created_at = now - chrono::Duration::days(3);
+        account
+    };
+    let expired = days_ago("old@example.com", false);
+    let live = days_ago("fresh@example.com", false);
+    let confirmed = days_ago("kept@example.com", true);
+    for account in [&expired, &live, &confirmed] {
+        store.insert_account(account).await.unwrap();
+    }
+    store
+        .insert_password_token(&[7; 32], &expired.id, now - chrono::Duration::days(2))
+        .await
+        .unwrap();
+    store
+        .insert_password_token(&[8; 32], &live.id, now + chrono::Duration::hours(23))
+        .await
+        .unwrap();
+    let deleted = store
+        .prune_dashboard_records(now - chrono::Duration::days(1), now)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 2, "the expired link and its account");
+    assert!(store.get_account(&expired.id).await.unwrap().is_none());
+    assert!(store.get_account(&live.id).await.unwrap().is_some());
+    assert!(store.get_account(&confirmed.id).await.unwrap().is_some());
 }
 
 fn draft(name: &str, off: &[Category], by: &str) -> PolicyDraft {
