@@ -272,11 +272,11 @@ fn add_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
         ("x-ratelimit-reset", reset_at.to_string()),
         (
             "ratelimit-policy",
-            format!("\"per-key\";q={};w=60", decision.limit),
+            format!("\"requests\";q={};w=60", decision.limit),
         ),
         (
             "ratelimit",
-            format!("\"per-key\";r={};t={}", decision.remaining, reset_in),
+            format!("\"requests\";r={};t={}", decision.remaining, reset_in),
         ),
     ];
     for (name, value) in values {

@@ -255,11 +255,11 @@ fn rate_limit_headers() -> [(&'static str, Header); 5] {
         ),
         (
             "RateLimit-Policy",
-            string_header("IETF draft: `\"per-key\";q=<limit>;w=60`."),
+            string_header("IETF draft: `\"requests\";q=<limit>;w=60`."),
         ),
         (
             "RateLimit",
-            string_header("IETF draft: `\"per-key\";r=<remaining>;t=<seconds to reset>`."),
+            string_header("IETF draft: `\"requests\";r=<remaining>;t=<seconds to reset>`."),
         ),
     ]
 }
