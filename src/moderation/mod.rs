@@ -6,10 +6,11 @@ mod category;
 mod classifier;
 mod deadline;
 pub(crate) mod engine;
+pub mod explain;
 pub mod image;
 pub mod text;
 
 pub use category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
-pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
+pub use classifier::{ExplainedScores, ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use text::lexical::LexicalClassifier;

@@ -47,6 +47,9 @@ impl WindowConfig {
     }
 }
 
+/// A chunk's tokens, framed, and the byte range of the text they cover.
+pub type RangedChunk = (Vec<u32>, std::ops::Range<usize>);
+
 pub struct MiniLm {
     model: Bert,
     /// Inference runs inside this pool: the many small parallel operations
@@ -147,15 +150,14 @@ impl MiniLm {
         &self,
         text: &str,
         cfg: WindowConfig,
-    ) -> Result<Vec<(Vec<u32>, std::ops::Range<usize>)>, TextModelError> {
+    ) -> Result<Vec<RangedChunk>, TextModelError> {
         let encoding = self.encode(text)?;
         let ids = encoding.get_ids();
         let offsets = encoding.get_offsets();
         let len = cfg.content_len();
         let stride = cfg.stride.clamp(1, len);
         let mut out = Vec::new();
-        let frame = |out: &mut Vec<(Vec<u32>, std::ops::Range<usize>)>,
-                     r: std::ops::Range<usize>| {
+        let frame = |out: &mut Vec<RangedChunk>, r: std::ops::Range<usize>| {
             let bytes = match (
                 offsets.get(r.start),
                 r.end.checked_sub(1).and_then(|e| offsets.get(e)),
