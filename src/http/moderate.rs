@@ -232,7 +232,7 @@ struct ItemResult {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Explanation)]
 struct ExplanationBody {
-    /// The flagged category explained.
+    /// The flagged category explained (one of the 11 names of `categories`).
     #[schema(value_type = String)]
     category: &'static str,
     /// Offsets in Unicode scalar values of the item's text as sent:
@@ -241,6 +241,7 @@ struct ExplanationBody {
     end: usize,
     /// The piece's own score for the category in [0, 1] (a chunk's score,
     /// or a matched term's weight), six decimals.
+    #[schema(minimum = 0, maximum = 1)]
     score: f64,
     source: SourceBody,
 }
@@ -249,6 +250,7 @@ struct ExplanationBody {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = CombinedExplanation)]
 struct CombinedExplanationBody {
+    /// The flagged category explained.
     #[schema(value_type = String)]
     category: &'static str,
     /// Where the piece lies in the input's text items, in order: one span,
@@ -256,6 +258,8 @@ struct CombinedExplanationBody {
     /// (a threat split between two messages).
     #[schema(min_items = 1)]
     spans: Vec<ItemSpanBody>,
+    /// As an item's explanation's.
+    #[schema(minimum = 0, maximum = 1)]
     score: f64,
     source: SourceBody,
 }
