@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::access::Tier;
+use moderato::config::TextClassifierKind;
 
 /// Harmless sentences of ordinary length (each well over the chunker's
 /// eight-token minimum, so that each is a chunk of its own).
@@ -277,6 +278,34 @@ async fn unflagged_texts_get_empty_explanations(backend: Backend) {
     assert_eq!(body["combined_text"]["explanations"], json!([]), "{body}");
 }
 
+/// Image results never carry explanations (their scores point at no
+/// text); the text items beside them do, and the combined text's spans
+/// name the input's indices, the image's skipped.
+async fn images_get_no_explanations_and_indices_skip_them(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let image = crate::images::data_uri("image/png", &crate::images::png(32, 32));
+    let request = json!({"explain": true, "input": [
+        {"type": "image", "base64": image},
+        {"type": "text", "text": "After the meeting tonight I am going to ki"},
+        {"type": "text", "text": "ll you"},
+    ]});
+    let (status, _, body) = parts(app.moderate(&key, &request).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["results"][0].get("explanations").is_none(), "{body}");
+    assert_eq!(body["results"][1]["explanations"], json!([]), "{body}");
+    let combined = body["combined_text"]["explanations"].as_array().unwrap();
+    let items: Vec<u64> = combined
+        .iter()
+        .flat_map(|e| e["spans"].as_array().unwrap().iter())
+        .map(|s| s["item"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !items.is_empty() && items.iter().all(|i| *i == 1 || *i == 2),
+        "{body}"
+    );
+}
+
 /// `explain` must be a boolean; the 400 names the field.
 async fn explain_must_be_a_boolean(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -290,7 +319,50 @@ async fn explain_must_be_a_boolean(backend: Backend) {
     }
 }
 
+/// With the lexical classifier the term lists are the whole score: every
+/// explanation is a matched term, placed where it was written, across
+/// items too.
+async fn the_lexical_classifier_explains_by_its_terms(backend: Backend) {
+    let app = spawn_app_with(backend, |c| c.text_classifier = TextClassifierKind::Lexical).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let texts = [
+        "Ｏｋ… I swear I will m*rder you",
+        "I am going to ki",
+        "ll you",
+    ];
+    let body = explained(&app, &key, &texts).await;
+    assert_eq!(body["results"][0]["flagged"], true, "{body}");
+    let explanations = body["results"][0]["explanations"].as_array().unwrap();
+    assert!(
+        explanations.iter().all(|e| e["source"] == "lexicon"),
+        "{body}"
+    );
+    assert!(
+        explanations.iter().any(|e| {
+            let (start, end) = span(e);
+            chars(texts[0], start, end).contains("m*rder")
+        }),
+        "{body}"
+    );
+    let combined = body["combined_text"]["explanations"].as_array().unwrap();
+    assert!(combined.iter().all(|e| e["source"] == "lexicon"), "{body}");
+    assert!(
+        combined.iter().any(|e| {
+            let items: Vec<u64> = e["spans"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["item"].as_u64().unwrap())
+                .collect();
+            items == [1, 2]
+        }),
+        "no term across items 1 and 2: {body}"
+    );
+}
+
 on_both_backends!(
+    the_lexical_classifier_explains_by_its_terms,
+    images_get_no_explanations_and_indices_skip_them,
     a_threat_in_a_long_post_is_pinpointed,
     a_threat_split_across_items_names_both,
     lexicon_explanations_point_at_what_was_written,
