@@ -451,7 +451,9 @@ impl EmbeddingClassifier {
     /// the de-obfuscated form when the heads read raw text and normalising
     /// changed more than letter case (`k i l l`, `s.u.i.c.i.d.e`, look-alikes),
     /// so evasion cannot hide a word the model knows. Ordinary text costs
-    /// one pass.
+    /// one pass. [`Self::model_views`] makes the same choice with offset
+    /// maps; keep the two in step (`explained_scores_are_exactly_the_scores`
+    /// in `tests/it/text_model.rs` fails when they differ).
     fn model_inputs<'a>(&self, text: &'a str) -> Vec<Cow<'a, str>> {
         match self.heads.input {
             InputKind::Raw => vec![Cow::Borrowed(text)],
