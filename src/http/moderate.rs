@@ -228,12 +228,20 @@ struct ItemResult {
     explanations: Option<Vec<ExplanationBody>>,
 }
 
+/// A category's API name, one of the eleven.
+fn category_name() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some("The flagged category explained."))
+        .enum_values(Some(Category::ALL.map(Category::as_str)))
+        .into()
+}
+
 /// Where a flagged category's score came from in an item's text.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Explanation)]
 struct ExplanationBody {
-    /// The flagged category explained (one of the 11 names of `categories`).
-    #[schema(value_type = String)]
+    #[schema(schema_with = category_name)]
     category: &'static str,
     /// Offsets in Unicode scalar values of the item's text as sent:
     /// `text.chars()[start..end]`.
@@ -250,8 +258,7 @@ struct ExplanationBody {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = CombinedExplanation)]
 struct CombinedExplanationBody {
-    /// The flagged category explained.
-    #[schema(value_type = String)]
+    #[schema(schema_with = category_name)]
     category: &'static str,
     /// Where the piece lies in the input's text items, in order: one span,
     /// or one per item for a piece that runs across neighbouring items
