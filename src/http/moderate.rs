@@ -15,7 +15,10 @@ use super::extract::JsonBody;
 use super::pipeline::{self, ItemKind, PolicyBody};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::engine::{
+    Explain, Explanations, ImageSource, Item, ItemOutcome, Moderation, Verdict,
+};
+use crate::moderation::explain::{Explanation, ItemSpan, Source, Span};
 use crate::moderation::image::vision::{AnalysisError, AnalysisStatus, ImageAnalysis};
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
@@ -46,6 +49,10 @@ pub struct ModerateRequest {
     /// provider, if one is configured.
     #[serde(default)]
     analyze_images: bool,
+    /// Say where each flagged category of a text came from: each text
+    /// result and the combined text then carry `explanations`.
+    #[serde(default)]
+    explain: bool,
 }
 
 /// One input item, parsed by hand from JSON so that every error names the
@@ -219,6 +226,76 @@ struct ItemResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     image_analysis: Option<ImageAnalysisBody>,
+    /// Text items, with `"explain": true` only: for each flagged category,
+    /// the pieces of the text that gave its score (empty when nothing is
+    /// flagged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    explanations: Option<Vec<ExplanationBody>>,
+}
+
+/// A category's API name, one of the eleven.
+fn category_name() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some("The flagged category explained."))
+        .enum_values(Some(Category::ALL.map(Category::as_str)))
+        .into()
+}
+
+/// Where a flagged category's score came from in an item's text.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Explanation)]
+struct ExplanationBody {
+    #[schema(schema_with = category_name)]
+    category: &'static str,
+    /// Offsets in Unicode scalar values of the item's text as sent:
+    /// `text.chars()[start..end]`.
+    start: usize,
+    end: usize,
+    /// The piece's own score for the category in [0, 1] (a chunk's score,
+    /// or a matched term's weight), six decimals.
+    #[schema(minimum = 0, maximum = 1)]
+    score: f64,
+    source: SourceBody,
+}
+
+/// Where a flagged category's score came from in the combined text.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = CombinedExplanation)]
+struct CombinedExplanationBody {
+    #[schema(schema_with = category_name)]
+    category: &'static str,
+    /// Where the piece lies in the input's text items, in order: one span,
+    /// or one per item for a piece that runs across neighbouring items
+    /// (a threat split between two messages).
+    #[schema(min_items = 1)]
+    spans: Vec<ItemSpanBody>,
+    /// As an item's explanation's.
+    #[schema(minimum = 0, maximum = 1)]
+    score: f64,
+    source: SourceBody,
+}
+
+/// A span of one text item, in Unicode scalar values.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ItemSpan)]
+struct ItemSpanBody {
+    /// The item's position in `input`.
+    item: usize,
+    start: usize,
+    end: usize,
+}
+
+/// `model`: a chunk of the text scored by the model; `lexicon`: a term of
+/// the term lists matched in the text (found on its de-obfuscated form,
+/// placed where it was written).
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = ExplanationSource)]
+enum SourceBody {
+    Model,
+    Lexicon,
 }
 
 /// The `type` of a result: its item's.
@@ -236,6 +313,10 @@ struct CombinedText {
     category_scores: ScoreMap,
     /// Number of text items taken together.
     items: usize,
+    /// With `"explain": true` only: as an item's, placed in the items.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    explanations: Option<Vec<CombinedExplanationBody>>,
 }
 
 /// The `image_analysis` object: the engine's [`ImageAnalysis`] as sent, so
@@ -366,7 +447,7 @@ impl Serialize for ScoreMap {
         let mut map = serializer.serialize_map(Some(NUM_CATEGORIES))?;
         for (c, score) in self.0.iter() {
             // Six decimals are plenty and keep responses short and stable.
-            map.serialize_entry(c.as_str(), &((f64::from(score) * 1e6).round() / 1e6))?;
+            map.serialize_entry(c.as_str(), &rounded(score))?;
         }
         map.end()
     }
@@ -403,11 +484,24 @@ pub async fn moderate(
         .into_iter()
         .map(InputItem::into_item)
         .collect();
-    let scored =
-        match pipeline::moderate(&state, &key, items, request.analyze_images, &field_name).await? {
-            Ok(scored) => scored,
-            Err(refused) => return Ok(refused),
-        };
+    let explain = if request.explain {
+        Explain::Yes
+    } else {
+        Explain::No
+    };
+    let scored = match pipeline::moderate(
+        &state,
+        &key,
+        items,
+        request.analyze_images,
+        explain,
+        &field_name,
+    )
+    .await?
+    {
+        Ok(scored) => scored,
+        Err(refused) => return Ok(refused),
+    };
     let model = state.engine.model_id();
     let policy = PolicyBody::of(&key);
     Ok(scored.respond(|moderation| response_body(request_id.0, model, moderation, policy)))
@@ -436,29 +530,41 @@ fn response_body(
     moderation: Moderation,
     policy: Option<PolicyBody>,
 ) -> ModerateResponse {
+    let (mut item_explanations, mut combined_explanations) = match moderation.explanations {
+        Some(Explanations { items, combined }) => (items, Some(combined)),
+        None => (Vec::new(), None),
+    };
     let results = moderation
         .items
         .into_iter()
         .enumerate()
-        .map(|(index, outcome)| match outcome {
-            ItemOutcome::Text(verdict) => {
-                item_result(index, ResultKind::Text, &verdict, None, None)
-            }
-            ItemOutcome::Image {
-                verdict,
-                evaluated,
-                analysis,
-                ..
-            } => {
-                let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
-                let analysis = Some(analysis.into());
-                item_result(
-                    index,
-                    ResultKind::Image,
-                    &verdict,
-                    Some(evaluated),
+        .map(|(index, outcome)| {
+            let explanations = item_explanations
+                .get_mut(index)
+                .and_then(Option::take)
+                .map(|list| list.into_iter().map(ExplanationBody::from).collect());
+            match outcome {
+                ItemOutcome::Text(verdict) => {
+                    let mut result = item_result(index, ResultKind::Text, &verdict, None, None);
+                    result.explanations = explanations;
+                    result
+                }
+                ItemOutcome::Image {
+                    verdict,
+                    evaluated,
                     analysis,
-                )
+                    ..
+                } => {
+                    let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
+                    let analysis = Some(analysis.into());
+                    item_result(
+                        index,
+                        ResultKind::Image,
+                        &verdict,
+                        Some(evaluated),
+                        analysis,
+                    )
+                }
             }
         })
         .collect();
@@ -469,6 +575,11 @@ fn response_body(
             categories: CategoryFlags(verdict.categories),
             category_scores: ScoreMap(verdict.scores),
             items,
+            explanations: combined_explanations.take().map(|list| {
+                list.into_iter()
+                    .map(CombinedExplanationBody::from)
+                    .collect()
+            }),
         });
     ModerateResponse {
         id,
@@ -495,5 +606,51 @@ fn item_result(
         category_scores: ScoreMap(verdict.scores),
         evaluated_categories: evaluated,
         image_analysis: analysis,
+        explanations: None,
+    }
+}
+
+/// Six decimals, as the category scores.
+fn rounded(score: f32) -> f64 {
+    (f64::from(score) * 1e6).round() / 1e6
+}
+
+impl From<Source> for SourceBody {
+    fn from(source: Source) -> SourceBody {
+        match source {
+            Source::Model => SourceBody::Model,
+            Source::Lexicon => SourceBody::Lexicon,
+        }
+    }
+}
+
+impl From<Explanation<Span>> for ExplanationBody {
+    fn from(e: Explanation<Span>) -> ExplanationBody {
+        ExplanationBody {
+            category: e.category.as_str(),
+            start: e.place.start(),
+            end: e.place.end(),
+            score: rounded(e.score),
+            source: e.source.into(),
+        }
+    }
+}
+
+impl From<Explanation<Vec<ItemSpan>>> for CombinedExplanationBody {
+    fn from(e: Explanation<Vec<ItemSpan>>) -> CombinedExplanationBody {
+        CombinedExplanationBody {
+            category: e.category.as_str(),
+            spans: e
+                .place
+                .into_iter()
+                .map(|s| ItemSpanBody {
+                    item: s.item,
+                    start: s.span.start(),
+                    end: s.span.end(),
+                })
+                .collect(),
+            score: rounded(e.score),
+            source: e.source.into(),
+        }
     }
 }

@@ -25,7 +25,7 @@ use super::extract::JsonBody;
 use super::pipeline::{self, ItemKind, PolicyBody};
 use super::request_id::RequestId;
 use super::AppState;
-use crate::moderation::engine::{ImageSource, Item, ItemOutcome, Moderation, Verdict};
+use crate::moderation::engine::{Explain, ImageSource, Item, ItemOutcome, Moderation, Verdict};
 use crate::moderation::image::remote::RemoteImages;
 use crate::moderation::{Category, CategoryScores, NUM_CATEGORIES};
 
@@ -539,7 +539,7 @@ pub async fn moderations(
 ) -> Result<Response, ApiError> {
     let (shape, items) = request.input.into_items(&state.remote_images)?;
     let field = |index: usize, kind: ItemKind| shape.field_name(index, kind);
-    let scored = match pipeline::moderate(&state, &key, items, false, &field).await? {
+    let scored = match pipeline::moderate(&state, &key, items, false, Explain::No, &field).await? {
         Ok(scored) => scored,
         Err(refused) => return Ok(refused),
     };

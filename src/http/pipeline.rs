@@ -16,7 +16,7 @@ use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
 use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
-use crate::moderation::engine::{EngineError, Item, ItemOutcome, Moderation};
+use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation};
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
 use crate::moderation::Category;
@@ -96,6 +96,7 @@ pub async fn moderate(
     key: &AuthenticatedKey,
     items: Vec<Item>,
     analyze_images: bool,
+    explain: Explain,
     field: FieldName<'_>,
 ) -> Result<Result<Scored, Response>, ApiError> {
     let mut stats = validate(&items, field, &state.limits, &state.budget)?;
@@ -114,7 +115,7 @@ pub async fn moderate(
     let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
     let moderation = state
         .engine
-        .moderate(items, analyze_images, &rules)
+        .moderate_with(items, analyze_images, &rules, explain)
         .await
         .map_err(|error| engine_error(error, &kinds, field))?;
     count_scored(&stats, &moderation);

@@ -2,8 +2,11 @@
 //! and blocking: the engine runs them on blocking threads, never on the async
 //! executor.
 
+use std::ops::Range;
+
 use super::category::{Category, CategoryScores, Thresholds};
 use super::deadline::Deadline;
+use super::explain::{Evidence, ItemRanges, Source};
 use super::image::decode::DecodedImage;
 
 /// Texts of about this many bytes are scored together between two deadline
@@ -66,12 +69,61 @@ pub trait TextClassifier: Send + Sync + 'static {
         Ok((scores, combined))
     }
 
+    /// [`score_items`](Self::score_items) with the evidence behind the
+    /// scores: every piece of each text that was scored (chunks, matched
+    /// terms), for explanations. Called only when a client asks for them,
+    /// so that ordinary requests keep nothing per chunk. The scores must be
+    /// exactly those of `score_items`. The default reports no pieces, so
+    /// every flag is explained by its whole text.
+    fn score_items_explained(
+        &self,
+        items: &[&str],
+        deadline: &Deadline,
+    ) -> anyhow::Result<ExplainedScores> {
+        let (scores, combined) = self.score_items(items, deadline)?;
+        Ok(ExplainedScores {
+            evidence: TextEvidence::none(scores.len(), Source::Model),
+            items: scores,
+            combined,
+        })
+    }
+
     /// The thresholds shipped with the model (configuration may override them).
     fn default_thresholds(&self) -> Thresholds;
 
     /// Counters of the classifier's embedding cache, if it has one.
     fn embedding_cache_stats(&self) -> Option<EmbeddingCacheStats> {
         None
+    }
+}
+
+/// What [`TextClassifier::score_items_explained`] returns.
+#[derive(Clone, Debug)]
+pub struct ExplainedScores {
+    pub items: Vec<CategoryScores>,
+    pub combined: Option<CategoryScores>,
+    pub evidence: TextEvidence,
+}
+
+/// The scored pieces of each text item (byte ranges of the item) and of
+/// the items taken together.
+#[derive(Clone, Debug)]
+pub struct TextEvidence {
+    pub items: Vec<Vec<Evidence<Range<usize>>>>,
+    /// With one item, empty: the combined text is the item.
+    pub combined: Vec<Evidence<ItemRanges>>,
+    /// What gave the scores when no piece accounts for a flag.
+    pub fallback: Source,
+}
+
+impl TextEvidence {
+    /// No pieces for `items` texts.
+    pub fn none(items: usize, fallback: Source) -> TextEvidence {
+        TextEvidence {
+            items: vec![Vec::new(); items],
+            combined: Vec::new(),
+            fallback,
+        }
     }
 }
 

@@ -16,8 +16,9 @@ use tokio::sync::Semaphore;
 use super::category::{
     Category, CategoryRules, CategoryScores, EffectiveThresholds, Thresholds, NUM_CATEGORIES,
 };
-use super::classifier::{ImageClassifier, ImageScores, TextClassifier};
+use super::classifier::{ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 use super::deadline::{Deadline, DeadlineExceeded};
+use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpan, Span};
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
 };
@@ -99,6 +100,28 @@ pub struct Moderation {
     pub flagged: bool,
     /// Deep analyses that completed.
     pub deep_analyses: u32,
+    /// Where the text verdicts came from, when the request asked.
+    pub explanations: Option<Explanations>,
+}
+
+/// Whether a request wants to know where its text verdicts came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Explain {
+    #[default]
+    No,
+    Yes,
+}
+
+/// The explanations of a request's text verdicts: for each flagged
+/// category, the pieces of text that gave its score.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Explanations {
+    /// Per input item, in order: a text item's explanations (empty when
+    /// nothing is flagged), `None` for an image (its scores come from
+    /// image models, which point at no text).
+    pub items: Vec<Option<Vec<Explanation<Span>>>>,
+    /// The combined text's, each placed in the input items it lies in.
+    pub combined: Vec<Explanation<Vec<ItemSpan>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -232,8 +255,21 @@ impl Engine {
         analyze_images: bool,
         rules: &CategoryRules,
     ) -> Result<Moderation, EngineError> {
+        self.moderate_with(items, analyze_images, rules, Explain::No)
+            .await
+    }
+
+    /// [`Engine::moderate`], with the explanations of the text verdicts
+    /// when `explain` asks for them.
+    pub async fn moderate_with(
+        &self,
+        items: Vec<Item>,
+        analyze_images: bool,
+        rules: &CategoryRules,
+        explain: Explain,
+    ) -> Result<Moderation, EngineError> {
         let deadline = Deadline::after(self.budget.deadline);
-        self.moderate_within(items, analyze_images, rules, &deadline)
+        self.moderate_within(items, analyze_images, rules, explain, &deadline)
             .await
     }
 
@@ -246,6 +282,7 @@ impl Engine {
         items: Vec<Item>,
         analyze_images: bool,
         rules: &CategoryRules,
+        explain: Explain,
         deadline: &Deadline,
     ) -> Result<Moderation, EngineError> {
         let text_thresholds = self.text_thresholds.under(rules);
@@ -276,8 +313,13 @@ impl Engine {
             let analyses = self.deep_analysis(&scored, analyze_images).await;
             Ok::<_, EngineError>((scored, analyses))
         };
-        let (text_scores, images) = tokio::join!(self.score_texts(&texts, deadline), images_job);
-        let (item_scores, combined) = text_scores?;
+        let (text_scores, images) =
+            tokio::join!(self.score_texts(&texts, explain, deadline), images_job);
+        let ScoredTexts {
+            items: item_scores,
+            combined,
+            evidence,
+        } = text_scores?;
         let (scored, analyses) = images?;
 
         let total = texts.len() + scored.len();
@@ -304,11 +346,21 @@ impl Engine {
             combined.map(|scores| (Verdict::judge(scores, &text_thresholds), texts.len()));
         let flagged = items.iter().any(|o| o.verdict().flagged)
             || combined_text.as_ref().is_some_and(|(v, _)| v.flagged);
+        let explanations = evidence.map(|evidence| {
+            explain_texts(
+                &texts,
+                &items,
+                combined_text.as_ref().map(|(v, _)| v),
+                evidence,
+                &text_thresholds,
+            )
+        });
         Ok(Moderation {
             items,
             combined_text,
             flagged,
             deep_analyses,
+            explanations,
         })
     }
 
@@ -472,13 +524,20 @@ impl Engine {
     }
 
     /// Each text and (see [`TextClassifier::score_items`]) all of them as one.
+    /// With `explain`, also the evidence behind the scores.
     async fn score_texts(
         &self,
         texts: &[(usize, String)],
+        explain: Explain,
         deadline: &Deadline,
-    ) -> Result<(Vec<CategoryScores>, Option<CategoryScores>), EngineError> {
+    ) -> Result<ScoredTexts, EngineError> {
         if texts.is_empty() {
-            return Ok((Vec::new(), None));
+            return Ok(ScoredTexts {
+                items: Vec::new(),
+                combined: None,
+                evidence: (explain == Explain::Yes)
+                    .then(|| TextEvidence::none(0, explain::Source::Model)),
+            });
         }
         let batch: Vec<String> = texts.iter().map(|(_, t)| t.clone()).collect();
         // Each chunk is encoded once whether it serves an item or the
@@ -495,23 +554,46 @@ impl Engine {
             .on_cpu(lane, deadline, move || {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
                 let started = std::time::Instant::now();
-                let scored = classifier.score_items(&refs, &job_deadline);
+                let scored = match explain {
+                    Explain::No => {
+                        classifier
+                            .score_items(&refs, &job_deadline)
+                            .map(|(items, combined)| ScoredTexts {
+                                items,
+                                combined,
+                                evidence: None,
+                            })
+                    }
+                    Explain::Yes => {
+                        classifier
+                            .score_items_explained(&refs, &job_deadline)
+                            .map(|e| ScoredTexts {
+                                items: e.items,
+                                combined: e.combined,
+                                evidence: Some(e.evidence),
+                            })
+                    }
+                };
                 record_model_time("text", started);
                 scored
             })
             .await?;
-        let (scores, combined) = match scored {
+        let scored = match scored {
             Ok(scored) => scored,
             Err(e) if e.is::<DeadlineExceeded>() => return Err(self.deadline_exceeded()),
             Err(e) => return Err(EngineError::Classifier(e)),
         };
-        if scores.len() != texts.len() {
+        let evidence_items = scored
+            .evidence
+            .as_ref()
+            .map_or(texts.len(), |e| e.items.len());
+        if scored.items.len() != texts.len() || evidence_items != texts.len() {
             return Err(EngineError::Classifier(anyhow::anyhow!(
                 "text classifier returned {} results",
-                scores.len()
+                scored.items.len()
             )));
         }
-        Ok((scores, combined))
+        Ok(scored)
     }
 
     async fn deep_analysis(&self, images: &[ScoredImage], requested: bool) -> Vec<ImageAnalysis> {
@@ -534,6 +616,109 @@ impl Engine {
             .map(|_| ImageAnalysis::with_status(status))
             .collect()
     }
+}
+
+/// A request's text items scored: each, all of them together, and the
+/// evidence behind the scores when it was asked for.
+struct ScoredTexts {
+    items: Vec<CategoryScores>,
+    combined: Option<CategoryScores>,
+    evidence: Option<TextEvidence>,
+}
+
+/// The explanations of the text verdicts: for the categories each verdict
+/// flags, the pieces of `evidence` that account for them, placed in the
+/// input's items in Unicode scalar values. Which categories are flagged is
+/// the verdicts' (whatever thresholds decided them); `thresholds` only
+/// admits further chunks beside the strongest.
+fn explain_texts(
+    texts: &[(usize, String)],
+    outcomes: &[ItemOutcome],
+    combined: Option<&Verdict>,
+    evidence: TextEvidence,
+    thresholds: &EffectiveThresholds,
+) -> Explanations {
+    let mut items: Vec<Option<Vec<Explanation<Span>>>> = vec![None; outcomes.len()];
+    let source = evidence.fallback;
+    for ((index, text), pieces) in texts.iter().zip(&evidence.items) {
+        let verdict = outcomes[*index].verdict();
+        let whole = Evidence {
+            place: 0..text.len(),
+            scores: verdict.scores,
+            source,
+        };
+        let explained = explain::explain(pieces, &verdict.categories, thresholds, &whole);
+        items[*index] = Some(
+            explained
+                .into_iter()
+                .map(|e| Explanation {
+                    category: e.category,
+                    place: Span::of(text, e.place),
+                    score: e.score,
+                    source: e.source,
+                })
+                .collect(),
+        );
+    }
+    let combined = match combined {
+        None => Vec::new(),
+        Some(verdict) => {
+            // One item: the combined text is the item.
+            let pieces = if texts.len() == 1 {
+                lift(&evidence.items[0])
+            } else {
+                evidence.combined
+            };
+            let whole = Evidence {
+                place: ItemRanges::covering(texts.iter().map(|(_, t)| t.len())),
+                scores: verdict.scores,
+                source,
+            };
+            explain::explain(&pieces, &verdict.categories, thresholds, &whole)
+                .into_iter()
+                .map(|e| Explanation {
+                    category: e.category,
+                    place: item_spans(texts, e.place),
+                    score: e.score,
+                    source: e.source,
+                })
+                .collect()
+        }
+    };
+    Explanations { items, combined }
+}
+
+/// The evidence of the only text item as the combined text's.
+fn lift(pieces: &[Evidence<std::ops::Range<usize>>]) -> Vec<Evidence<ItemRanges>> {
+    pieces
+        .iter()
+        .filter_map(|p| {
+            Some(Evidence {
+                place: ItemRanges::new([ItemRange {
+                    item: 0,
+                    bytes: p.place.clone(),
+                }])?,
+                scores: p.scores,
+                source: p.source,
+            })
+        })
+        .collect()
+}
+
+/// Ranges of the text items (by their position among the text items) as
+/// spans of the input's items.
+fn item_spans(texts: &[(usize, String)], place: ItemRanges) -> Vec<ItemSpan> {
+    place
+        .into_ranges()
+        .into_iter()
+        .filter_map(|r| {
+            let (index, text) = texts.get(r.item)?;
+            Some(ItemSpan {
+                item: *index,
+                span: Span::of(text, r.bytes),
+            })
+        })
+        .collect()
 }
 
 /// The time one job spent in a classifier (decoding included for images).

@@ -6,6 +6,7 @@ mod category;
 mod classifier;
 mod deadline;
 pub(crate) mod engine;
+pub mod explain;
 pub mod image;
 pub mod text;
 
@@ -13,6 +14,6 @@ pub use category::{
     Category, CategoryRule, CategoryRules, CategoryScores, EffectiveThresholds, Threshold,
     ThresholdOutOfRange, Thresholds, NUM_CATEGORIES,
 };
-pub use classifier::{ImageClassifier, ImageScores, TextClassifier};
+pub use classifier::{ExplainedScores, ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use text::lexical::LexicalClassifier;

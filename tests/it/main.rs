@@ -13,6 +13,7 @@ mod budget;
 mod connections;
 mod dashboard;
 mod edge;
+mod explain;
 mod images;
 mod journal;
 mod keys;

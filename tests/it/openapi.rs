@@ -284,6 +284,18 @@ async fn every_answer_conforms_to_the_document(backend: Backend) {
             ], "analyze_images": true}),
         )
         .await,
+        // Explanations, on items, on the combined text and split across items.
+        moderate(
+            &app,
+            Some(&key),
+            &json!({"input": [
+                {"type": "text", "text": "After the meeting tonight I am going to ki"},
+                {"type": "text", "text": "ll you"},
+                {"type": "text", "text": "I will m*rder you"},
+                {"type": "image", "base64": image},
+            ], "explain": true}),
+        )
+        .await,
         moderate(&app, None, &json!({"input": []})).await,
         moderate(&app, Some("mk_nope"), &json!({"input": []})).await,
         moderate(&app, Some(&key), &json!({"input": []})).await,

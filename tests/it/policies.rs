@@ -654,7 +654,107 @@ async fn the_dashboard_makes_changes_and_assigns_a_policy(backend: Backend) {
     assert!(found, "the CSV names the policy");
 }
 
+/// Explanations follow the policy's flags: a category the policy turns
+/// off is neither flagged nor explained, and one it raises by a lowered
+/// threshold is explained like any other flag.
+async fn explanations_follow_the_policys_flags(backend: Backend) {
+    let app = spawn_app(backend).await;
+    create_account(&app, "eve@example.com", "customer", &["--tier", "pro"]);
+    let key = account_key(&app, "eve@example.com", "k", &[]);
+    let explained = |key: String| {
+        let app = &app;
+        async move {
+            let response = app
+                .client
+                .post(format!("{}/v1/moderate", app.base))
+                .header("x-api-key", key)
+                .json(&json!({"input": [{"type": "text", "text": VIOLENT}, {"type": "text", "text": BENIGN}], "explain": true}))
+                .send()
+                .await
+                .unwrap();
+            let (status, _, body) = parts(response).await;
+            assert_eq!(status, 200, "{body}");
+            body
+        }
+    };
+    let explained_categories = |result: &Value| -> BTreeSet<String> {
+        result["explanations"]
+            .as_array()
+            .expect("explanations asked for")
+            .iter()
+            .map(|e| e["category"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let flagged_categories = |result: &Value| -> BTreeSet<String> {
+        CATEGORIES
+            .iter()
+            .filter(|c| result["categories"][**c] == true)
+            .map(|c| (*c).to_owned())
+            .collect()
+    };
+    let baseline = explained(key.clone()).await;
+    let violent = &baseline["results"][0];
+    let flagged = flagged_categories(violent);
+    assert!(flagged.contains("harassment"), "{violent}");
+    assert_eq!(explained_categories(violent), flagged);
+
+    // Harassment off; the benign text's top score in a lowered category.
+    let benign = &baseline["results"][1];
+    let (lowered, score) = ["hate", "self-harm", "sexual", "violence"]
+        .iter()
+        .map(|c| (*c, benign["category_scores"][*c].as_f64().unwrap()))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    let threshold = format!("{lowered}={:.6}", (score * 0.9).max(0.000_001));
+    let policy = cli_json(
+        &app,
+        &[
+            "policies",
+            "create",
+            "--name",
+            "p",
+            "--account",
+            "eve@example.com",
+            "--off",
+            "harassment",
+            "--off",
+            "harassment/threatening",
+            "--threshold",
+            &threshold,
+            "--default",
+            "--json",
+        ],
+    );
+    assert!(policy["id"].is_string(), "{policy}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let body = loop {
+        let body = explained(key.clone()).await;
+        if body["policy"]["name"] == "p" {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the policy did not apply: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for result in [
+        &body["results"][0],
+        &body["results"][1],
+        &body["combined_text"],
+    ] {
+        let flagged = flagged_categories(result);
+        assert!(!flagged.contains("harassment"), "{result}");
+        assert_eq!(explained_categories(result), flagged, "{result}");
+    }
+    assert!(
+        flagged_categories(&body["results"][1]).contains(lowered),
+        "{body}"
+    );
+}
+
 on_both_backends!(
+    explanations_follow_the_policys_flags,
     off_and_lowered_thresholds_seen_by_two_keys,
     another_accounts_policy_and_bad_rules_are_refused,
     the_dashboard_makes_changes_and_assigns_a_policy,

@@ -317,3 +317,74 @@ fn a_request_encodes_its_items_chunks_once_plus_a_few_boundary_chunks() {
     assert!(together.hits > alone.hits);
     assert_eq!(each, model.score_batch(&items).unwrap());
 }
+
+/// Item sets that exercise every path of the explained scoring: one item,
+/// several (with boundary chunks), obfuscated text (second views), long
+/// text (sentence chunks), empty and non-Latin text.
+fn explained_item_sets() -> Vec<Vec<String>> {
+    let long = "The committee met on Tuesday to discuss the library budget. ".repeat(12)
+        + "I know where you live and tonight I am going to kill you. "
+        + &"Members agreed to open the reading room on Sundays. ".repeat(10);
+    vec![
+        vec!["I will m*rder you".into()],
+        vec![
+            "After the meeting tonight I am going to ki".into(),
+            "ll you".into(),
+        ],
+        vec![long.clone(), "ok".into(), "".into()],
+        vec![
+            "Ｉ ｗｉｌｌ ｋ ｉ ｌ ｌ you".into(),
+            "kíll yóu, 1d10t".into(),
+        ],
+        vec![
+            "नमस्ते दुनिया".into(),
+            "こんにちは、元気ですか".into(),
+            "k\u{200B}ill yourself".into(),
+        ],
+        vec![long],
+    ]
+}
+
+#[test]
+fn explained_scores_are_exactly_the_scores() {
+    for items in explained_item_sets() {
+        let refs: Vec<&str> = items.iter().map(String::as_str).collect();
+        let plain = model().score_items(&refs, &Deadline::distant()).unwrap();
+        let explained =
+            TextClassifier::score_items_explained(model(), &refs, &Deadline::distant()).unwrap();
+        assert_eq!(plain.0, explained.items, "{items:?}");
+        assert_eq!(plain.1, explained.combined, "{items:?}");
+    }
+}
+
+/// Property: every piece of evidence lies inside its text, on character
+/// boundaries, and names an existing item.
+#[test]
+fn evidence_lies_inside_its_texts() {
+    for items in explained_item_sets() {
+        let refs: Vec<&str> = items.iter().map(String::as_str).collect();
+        let explained =
+            TextClassifier::score_items_explained(model(), &refs, &Deadline::distant()).unwrap();
+        let evidence = explained.evidence;
+        assert_eq!(evidence.items.len(), items.len());
+        for (text, pieces) in items.iter().zip(&evidence.items) {
+            for p in pieces {
+                assert!(
+                    p.place.start < p.place.end && p.place.end <= text.len(),
+                    "{p:?}"
+                );
+                assert!(text.get(p.place.clone()).is_some(), "{text:?} {p:?}");
+            }
+        }
+        for p in &evidence.combined {
+            for r in p.place.ranges() {
+                let text = &items[r.item];
+                assert!(
+                    r.bytes.start < r.bytes.end && r.bytes.end <= text.len(),
+                    "{p:?}"
+                );
+                assert!(text.get(r.bytes.clone()).is_some(), "{text:?} {p:?}");
+            }
+        }
+    }
+}

@@ -9,7 +9,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::normalize::{self, normalize, tokens};
 use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
-use crate::moderation::classifier::TextClassifier;
+use crate::moderation::classifier::{ExplainedScores, TextClassifier, TextEvidence};
+use crate::moderation::explain::Source;
+use crate::moderation::Deadline;
 
 /// Longest phrase, in tokens, that a lexicon line may have.
 const MAX_PHRASE_TOKENS: usize = 10;
@@ -571,6 +573,32 @@ impl TextClassifier for LexicalClassifier {
 
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
         Ok(texts.iter().map(|t| self.features(&normalize(t))).collect())
+    }
+
+    /// The scores are the terms': each matched term is its own evidence.
+    fn score_items_explained(
+        &self,
+        items: &[&str],
+        deadline: &Deadline,
+    ) -> anyhow::Result<ExplainedScores> {
+        let (scores, combined) = self.score_items(items, deadline)?;
+        let combined_evidence = if items.len() > 1 {
+            super::evidence::combined_lexicon_evidence(self, items)
+        } else {
+            Vec::new()
+        };
+        Ok(ExplainedScores {
+            items: scores,
+            combined,
+            evidence: TextEvidence {
+                items: items
+                    .iter()
+                    .map(|t| super::evidence::lexicon_evidence(self, t))
+                    .collect(),
+                combined: combined_evidence,
+                fallback: Source::Lexicon,
+            },
+        })
     }
 
     fn default_thresholds(&self) -> Thresholds {

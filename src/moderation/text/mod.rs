@@ -2,6 +2,7 @@
 //! embedding model with its heads, and the null classifier that measures
 //! the service around them.
 
+pub(crate) mod evidence;
 pub mod lexical;
 pub mod model;
 pub(crate) mod normalize;

@@ -64,7 +64,114 @@ pub fn normalize_single_repeats(text: &str) -> String {
 pub fn normalize_with(text: &str, options: Options) -> String {
     let text = truncate_at_char_boundary(text, MAX_INPUT_BYTES);
     let folded = fold_characters(text);
-    rewrite_words(&folded, options)
+    rewrite_words(&folded, options, None)
+}
+
+/// A normalised text with the way back to the text it came from.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    /// Exactly what [`normalize_with`] gives for the same text and options.
+    pub text: String,
+    pub map: OffsetMap,
+}
+
+/// Where the bytes of a normalised text came from in the original text.
+/// Normalising rewrites whole words (`m*rder` → `murder`, `k i l l` →
+/// `kill`) and characters (`ｋ` → `k`, `é` → `e`, invisible ones dropped),
+/// so a position inside a rewritten piece maps to the whole piece it came
+/// from: a mapped range always covers at least what was rewritten, never
+/// less, and always lies on the original's character boundaries.
+#[derive(Clone, Debug, Default)]
+pub struct OffsetMap {
+    /// Normalised bytes → folded bytes (pass 2, words).
+    words: Vec<Piece>,
+    /// Folded bytes → original bytes (pass 1, characters).
+    chars: Vec<Piece>,
+}
+
+/// One stretch of output and the input it was written from. `aligned`
+/// stretches are byte for byte the same length as their input (copied or
+/// ASCII lower-cased), so positions inside them map exactly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Piece {
+    out: std::ops::Range<usize>,
+    src: std::ops::Range<usize>,
+    aligned: bool,
+}
+
+impl OffsetMap {
+    /// The byte range of the original text that `normalized` (a byte range
+    /// of the normalised text) came from; `None` for an empty range or one
+    /// outside the text.
+    pub fn to_original(
+        &self,
+        normalized: std::ops::Range<usize>,
+    ) -> Option<std::ops::Range<usize>> {
+        let folded = map_range(&self.words, normalized)?;
+        map_range(&self.chars, folded)
+    }
+}
+
+/// The smallest input range that every piece overlapping `r` came from.
+fn map_range(pieces: &[Piece], r: std::ops::Range<usize>) -> Option<std::ops::Range<usize>> {
+    if r.is_empty() {
+        return None;
+    }
+    let first = pieces.partition_point(|p| p.out.end <= r.start);
+    let mut mapped: Option<std::ops::Range<usize>> = None;
+    for p in pieces[first..].iter().take_while(|p| p.out.start < r.end) {
+        if p.out.is_empty() {
+            continue;
+        }
+        let part = if p.aligned {
+            let a = r.start.max(p.out.start) - p.out.start;
+            let b = r.end.min(p.out.end) - p.out.start;
+            p.src.start + a..p.src.start + b
+        } else {
+            p.src.clone()
+        };
+        mapped = Some(match mapped {
+            Some(m) => m.start.min(part.start)..m.end.max(part.end),
+            None => part,
+        });
+    }
+    mapped
+}
+
+/// [`normalize_with`] that also says where each part of the result came
+/// from. Costs a little more than [`normalize_with`] (the map, and a
+/// second fold of non-ASCII text to check it), so it is only used when a
+/// caller asks where a score came from.
+pub fn normalize_traced(text: &str, options: Options) -> Traced {
+    let text = truncate_at_char_boundary(text, MAX_INPUT_BYTES);
+    let (folded, chars) = fold_characters_traced(text);
+    let mut words = Vec::new();
+    let out = rewrite_words(&folded, options, Some(&mut words));
+    Traced {
+        text: out,
+        map: OffsetMap { words, chars },
+    }
+}
+
+/// The byte ranges of [`tokens`], in order.
+pub fn token_ranges(normalized: &str) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut start = None;
+    normalized
+        .char_indices()
+        .chain(std::iter::once((normalized.len(), ' ')))
+        .filter_map(
+            move |(i, c)| match (c.is_alphanumeric() && i < normalized.len(), start) {
+                (true, None) => {
+                    start = Some(i);
+                    None
+                }
+                (false, Some(s)) => {
+                    start = None;
+                    Some(s..i)
+                }
+                _ => None,
+            },
+        )
 }
 
 /// The words of a normalised text: maximal runs of letters and digits.
@@ -159,6 +266,11 @@ fn fold_characters(text: &str) -> String {
         return text.to_ascii_lowercase();
     }
     let mut out = String::with_capacity(text.len());
+    fold_into(&mut out, text);
+    out
+}
+
+fn fold_into(out: &mut String, text: &str) {
     out.extend(
         text.nfkd()
             .flat_map(char::to_lowercase)
@@ -166,7 +278,64 @@ fn fold_characters(text: &str) -> String {
             .map(fold_punctuation)
             .nfc(),
     );
-    out
+}
+
+/// [`fold_characters`] with the piece of the input each piece of output
+/// came from. Non-ASCII text is folded cluster by cluster (a character with
+/// the marks and invisibles after it), which gives the same text as folding
+/// it whole except where a recomposition reaches across clusters (Hangul
+/// jamo, some Indic vowel signs): then the whole text is one piece, which
+/// is coarse but never wrong.
+fn fold_characters_traced(text: &str) -> (String, Vec<Piece>) {
+    if text.is_ascii() {
+        let piece = Piece {
+            out: 0..text.len(),
+            src: 0..text.len(),
+            aligned: true,
+        };
+        return (text.to_ascii_lowercase(), vec![piece]);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut pieces = Vec::new();
+    for src in fold_clusters(text) {
+        let before = out.len();
+        fold_into(&mut out, &text[src.clone()]);
+        pieces.push(Piece {
+            out: before..out.len(),
+            src,
+            aligned: false,
+        });
+    }
+    let whole = fold_characters(text);
+    if whole != out {
+        let piece = Piece {
+            out: 0..whole.len(),
+            src: 0..text.len(),
+            aligned: false,
+        };
+        return (whole, vec![piece]);
+    }
+    (out, pieces)
+}
+
+/// Byte ranges of `text` that fold independently: a new cluster starts at
+/// a character that composes with nothing before it.
+fn fold_clusters(text: &str) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    use unicode_normalization::char::canonical_combining_class;
+    use unicode_normalization::{is_nfc_quick, IsNormalized};
+    let starts = text.char_indices().filter(|&(i, c)| {
+        i == 0
+            || !(is_invisible(c)
+                || is_diacritic(c)
+                || canonical_combining_class(c) != 0
+                || is_nfc_quick(std::iter::once(c)) != IsNormalized::Yes)
+    });
+    let mut starts = starts.map(|(i, _)| i).peekable();
+    std::iter::from_fn(move || {
+        let start = starts.next()?;
+        let end = starts.peek().copied().unwrap_or(text.len());
+        Some(start..end)
+    })
 }
 
 /// Characters that render as nothing (or nearly) and are used to split words
@@ -304,21 +473,24 @@ impl SpeltRun {
     }
 }
 
-struct Rewriter<'a> {
+struct Rewriter<'a, 't> {
     text: &'a str,
     options: Options,
     out: String,
     scratch: Vec<char>,
     run: SpeltRun,
+    /// Where each piece of `out` came from, when the caller asked.
+    trace: Option<&'t mut Vec<Piece>>,
 }
 
-fn rewrite_words(text: &str, options: Options) -> String {
+fn rewrite_words(text: &str, options: Options, trace: Option<&mut Vec<Piece>>) -> String {
     let mut rw = Rewriter {
         text,
         options,
         out: String::with_capacity(text.len()),
         scratch: Vec::with_capacity(32),
         run: SpeltRun::default(),
+        trace,
     };
     for (kind, start, end) in (Segments { text, pos: 0 }) {
         rw.segment(kind, start, end);
@@ -327,9 +499,22 @@ fn rewrite_words(text: &str, options: Options) -> String {
     rw.out
 }
 
-impl Rewriter<'_> {
+impl Rewriter<'_, '_> {
+    /// Runs `write`, which writes what `text[src]` becomes, and records the
+    /// piece when tracing.
+    fn emit(&mut self, src: std::ops::Range<usize>, write: impl FnOnce(&mut Self)) {
+        let before = self.out.len();
+        write(self);
+        if let Some(trace) = self.trace.as_deref_mut() {
+            let out = before..self.out.len();
+            let aligned = self.out[out.clone()] == self.text[src.clone()];
+            trace.push(Piece { out, src, aligned });
+        }
+    }
+
     fn segment(&mut self, kind: SegKind, start: usize, end: usize) {
-        let seg = &self.text[start..end];
+        let text = self.text;
+        let seg = &text[start..end];
         match kind {
             SegKind::Word if is_single_char(seg) => {
                 if self.run.is_active() && self.run.pending_sep.is_some() {
@@ -345,18 +530,18 @@ impl Rewriter<'_> {
             }
             SegKind::Word if is_email_local_part(self.text, start, end) => {
                 self.flush_run();
-                self.out.push_str(seg);
+                self.emit(start..end, |rw| rw.out.push_str(seg));
             }
             SegKind::Word => {
                 self.flush_run();
-                self.word(seg);
+                self.emit(start..end, |rw| rw.word(seg));
             }
             SegKind::Gap => {
                 if self.run.is_active() && is_single_char(seg) && seg.chars().all(is_separator) {
                     self.run.pending_sep = Some(start);
                 } else {
                     self.flush_run();
-                    self.out.push_str(seg);
+                    self.emit(start..end, |rw| rw.out.push_str(seg));
                 }
             }
         }
@@ -371,18 +556,20 @@ impl Rewriter<'_> {
         let spelt = &text[run.start..run.end];
         if run.singles >= MIN_SPELT_OUT_LEN && run.letters >= 2 {
             let joined: String = spelt.chars().filter(|&c| is_word_core(c)).collect();
-            self.word(&joined);
+            self.emit(run.start..run.end, |rw| rw.word(&joined));
         } else {
             for (i, c) in spelt.char_indices() {
+                let at = run.start + i..run.start + i + c.len_utf8();
                 if is_word_core(c) {
-                    self.word(&spelt[i..i + c.len_utf8()]);
+                    self.emit(at, |rw| rw.word(&spelt[i..i + c.len_utf8()]));
                 } else {
-                    self.out.push(c);
+                    self.emit(at, |rw| rw.out.push(c));
                 }
             }
         }
         if let Some(sep) = run.pending_sep {
-            self.out.push_str(&text[sep..run_sep_end(text, sep)]);
+            let end = run_sep_end(text, sep);
+            self.emit(sep..end, |rw| rw.out.push_str(&text[sep..end]));
         }
     }
 
@@ -954,6 +1141,110 @@ mod tests {
         ] {
             let once = n(s);
             assert_eq!(n(&once), once, "not idempotent: {s:?}");
+        }
+    }
+
+    // -- the way back to the original --------------------------------------
+
+    /// The original text behind the normalised `word` (its first occurrence).
+    fn original_of<'a>(text: &'a str, word: &str) -> &'a str {
+        let traced = normalize_traced(text, Options::default());
+        let at = traced.text.find(word).unwrap_or_else(|| {
+            panic!("{word:?} not in {:?}", traced.text);
+        });
+        let range = traced.map.to_original(at..at + word.len()).expect("mapped");
+        &text[range]
+    }
+
+    const TRACED_SAMPLES: [&str; 16] = [
+        "The quick brown fox jumps over the lazy dog.",
+        "I will m*rder you, f#ck off",
+        "k i l l you and s.u.i.c.i.d.e now",
+        "I will K*I*L*L you.",
+        "k1ll ki11 h@te a$$ 7h3 5uicid3",
+        "kiiiiill KIIILLLL nooooo",
+        "ＫＩＬＬ 𝐤𝐢𝐥𝐥 𝓎ℴ𝓊 Ⓚⓘⓛⓛ",
+        "k\u{200B}i\u{200C}l\u{200D}l sui\u{00AD}cide di\u{E0041}e",
+        "kíll yóu Z̸̢͈a̵͚l̶g̷o Crème Brûlée",
+        "नमस्ते がんばって 한국어 Привет мир Καλημέρα",
+        "kіll hаtе ѕех ᴋɪʟʟ ʏᴏᴜ",
+        "email: john.doe@example.com 2*3 = 6 ***bold*** note*",
+        "\u{1100}\u{1161}\u{11A8} \u{0B47}\u{0B3E} e\u{200B}\u{0301}x",
+        "",
+        "  multiple   spaces\tand\nnewlines  ",
+        "you’re dead, 12-year-old! k  i  l  l",
+    ];
+
+    #[test]
+    fn the_traced_text_is_the_normalised_text() {
+        for s in TRACED_SAMPLES {
+            for options in [
+                Options::default(),
+                Options {
+                    repeats: Repeats::CollapseToOne,
+                },
+            ] {
+                assert_eq!(
+                    normalize_traced(s, options).text,
+                    normalize_with(s, options),
+                    "{s:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rewritten_words_map_back_to_what_was_written() {
+        assert_eq!(original_of("I will m*rder you", "murder"), "m*rder");
+        assert_eq!(original_of("ok, I will k1ll you", "kill"), "k1ll");
+        assert_eq!(original_of("they said k i l l you", "kill"), "k i l l");
+        assert_eq!(
+            original_of("go s.u.i.c.i.d.e now", "suicide"),
+            "s.u.i.c.i.d.e"
+        );
+        assert_eq!(original_of("a KIIIILL b", "kiill"), "KIIIILL");
+        assert_eq!(original_of("so ki\u{200B}ll him", "kill"), "ki\u{200B}ll");
+        assert_eq!(original_of("Ｉ ＫＩＬＬ", "kill"), "ＫＩＬＬ");
+        assert_eq!(original_of("kíll yóu", "you"), "yóu");
+        assert_eq!(original_of("a kіll b", "kill"), "kіll");
+        assert_eq!(original_of("Hello World", "world"), "World");
+        // Inside an unchanged word, positions map exactly.
+        assert_eq!(original_of("Hello World", "orl"), "orl");
+        assert_eq!(original_of("f**k you", "fuck"), "f**k");
+    }
+
+    #[test]
+    fn every_mapped_range_lies_on_the_original_character_boundaries() {
+        for s in TRACED_SAMPLES {
+            let traced = normalize_traced(s, Options::default());
+            let n = &traced.text;
+            let bounds: Vec<usize> = n.char_indices().map(|(i, _)| i).chain([n.len()]).collect();
+            for (i, &a) in bounds.iter().enumerate() {
+                for &b in &bounds[i + 1..] {
+                    let r = traced
+                        .map
+                        .to_original(a..b)
+                        .expect("a non-empty range maps");
+                    assert!(
+                        r.start < r.end && r.end <= s.len(),
+                        "{s:?} {a}..{b} → {r:?}"
+                    );
+                    assert!(
+                        s.is_char_boundary(r.start) && s.is_char_boundary(r.end),
+                        "{s:?}"
+                    );
+                }
+            }
+            assert_eq!(traced.map.to_original(0..0), None);
+        }
+    }
+
+    #[test]
+    fn token_ranges_are_the_tokens() {
+        for s in TRACED_SAMPLES {
+            let n = normalize(s);
+            let by_range: Vec<&str> = token_ranges(&n).map(|r| &n[r]).collect();
+            assert_eq!(by_range, tokens(&n).collect::<Vec<_>>(), "{s:?}");
         }
     }
 }

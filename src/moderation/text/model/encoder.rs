@@ -47,6 +47,9 @@ impl WindowConfig {
     }
 }
 
+/// A chunk's tokens, framed, and the byte range of the text they cover.
+pub type RangedChunk = (Vec<u32>, std::ops::Range<usize>);
+
 pub struct MiniLm {
     model: Bert,
     /// Inference runs inside this pool: the many small parallel operations
@@ -135,24 +138,45 @@ impl MiniLm {
     /// same wherever the sentence appears, so the combined text of a request
     /// reuses its items' chunks and a repeated message hits the cache.
     pub fn chunks(&self, text: &str, cfg: WindowConfig) -> Result<Vec<Vec<u32>>, TextModelError> {
+        let chunks = self.chunks_with_ranges(text, cfg)?;
+        Ok(chunks.into_iter().map(|(ids, _)| ids).collect())
+    }
+
+    /// [`MiniLm::chunks`], each with the byte range of `text` its tokens
+    /// cover (empty for the markers-only chunk of an empty text): where a
+    /// chunk's score came from, for explanations. The ranges cost two
+    /// look-ups a chunk, so both callers share this one cutting.
+    pub fn chunks_with_ranges(
+        &self,
+        text: &str,
+        cfg: WindowConfig,
+    ) -> Result<Vec<RangedChunk>, TextModelError> {
         let encoding = self.encode(text)?;
         let ids = encoding.get_ids();
+        let offsets = encoding.get_offsets();
         let len = cfg.content_len();
         let stride = cfg.stride.clamp(1, len);
         let mut out = Vec::new();
-        let frame = |out: &mut Vec<Vec<u32>>, r: std::ops::Range<usize>| {
+        let frame = |out: &mut Vec<RangedChunk>, r: std::ops::Range<usize>| {
+            let bytes = match (
+                offsets.get(r.start),
+                r.end.checked_sub(1).and_then(|e| offsets.get(e)),
+            ) {
+                (Some(first), Some(last)) if !r.is_empty() => first.0..last.1.max(first.0),
+                _ => 0..0,
+            };
             let mut chunk = Vec::with_capacity(r.len() + 2);
             chunk.push(self.cls);
             chunk.extend_from_slice(&ids[r]);
             chunk.push(self.sep);
-            out.push(chunk);
+            out.push((chunk, bytes));
         };
         if ids.len() <= len {
             frame(&mut out, 0..ids.len());
             return Ok(out);
         }
         let mut current = 0..0;
-        for sentence in sentence_ranges(text, encoding.get_offsets()) {
+        for sentence in sentence_ranges(text, offsets) {
             if sentence.len() > len {
                 if !current.is_empty() {
                     frame(&mut out, current.clone());
@@ -481,6 +505,31 @@ mod tests {
             model.chunks("", cfg).unwrap(),
             vec![vec![model.cls, model.sep]]
         );
+    }
+
+    #[test]
+    fn each_chunk_knows_the_text_it_covers() {
+        let model = MiniLm::load(&models_dir()).unwrap();
+        let cfg = WindowConfig {
+            tokens: 16,
+            stride: 10,
+        };
+        let three = "The cat sat on the mat. The dog sat on the rug. The bird sat on the tree.";
+        let ranges: Vec<&str> = model
+            .chunks_with_ranges(three, cfg)
+            .unwrap()
+            .into_iter()
+            .map(|(_, r)| &three[r])
+            .collect();
+        assert_eq!(
+            ranges,
+            [
+                "The cat sat on the mat. The dog sat on the rug.",
+                "The bird sat on the tree."
+            ]
+        );
+        let (_, empty) = &model.chunks_with_ranges("", cfg).unwrap()[0];
+        assert!(empty.is_empty());
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod files;
 mod heads;
 
 use std::borrow::Cow;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 pub use encoder::{WindowConfig, EMBEDDING_DIM};
@@ -31,10 +32,14 @@ pub use heads::{InputKind, LexicalFeatures, LEXICAL_FEATURES};
 use encoder::MiniLm;
 use heads::Heads;
 
+use super::evidence::{combined_lexicon_evidence, lexicon_evidence};
 use super::lexical::LexicalClassifier;
-use super::normalize;
+use super::normalize::{self, normalize_traced, OffsetMap, Options, Repeats};
 use crate::moderation::category::{CategoryScores, Thresholds};
-use crate::moderation::classifier::{EmbeddingCacheStats, TextClassifier};
+use crate::moderation::classifier::{
+    EmbeddingCacheStats, ExplainedScores, TextClassifier, TextEvidence,
+};
+use crate::moderation::explain::{Evidence, ItemRange, ItemRanges, Source};
 use crate::moderation::{Deadline, DeadlineExceeded};
 
 /// The shipped heads, thresholds and window settings.
@@ -215,21 +220,180 @@ impl EmbeddingClassifier {
     /// `"ill you"`), and, when letters or digits meet there, also with a
     /// line break between them (`"I will find"` + `"you"`).
     fn boundary_texts(&self, items: &[&str]) -> Result<Vec<String>, TextModelError> {
+        Ok(self
+            .boundaries(items)?
+            .into_iter()
+            .map(|b| b.text)
+            .collect())
+    }
+
+    /// [`Self::boundary_texts`], each with where its two parts lie in the items.
+    fn boundaries(&self, items: &[&str]) -> Result<Vec<Boundary>, TextModelError> {
         let mut out = Vec::new();
-        for pair in items.windows(2) {
+        for (left, pair) in items.windows(2).enumerate() {
             let (_, tail) = self.encoder.edges(pair[0], BOUNDARY_TOKENS)?;
             let (head, _) = self.encoder.edges(pair[1], BOUNDARY_TOKENS)?;
             let (tail, head) = (tail.trim_start(), head.trim_end());
             if tail.trim().is_empty() || head.trim().is_empty() {
                 continue;
             }
-            out.push(format!("{tail}{head}"));
+            // `tail` is a suffix of the left item and `head` a prefix of
+            // the right one.
+            let boundary = |separator: &str| Boundary {
+                text: format!("{tail}{separator}{head}"),
+                left,
+                tail_start: pair[0].len() - tail.len(),
+                tail_len: tail.len(),
+                head_at: tail.len() + separator.len(),
+            };
+            out.push(boundary(""));
             let word_char = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
             if word_char(tail.chars().last()) && word_char(head.chars().next()) {
-                out.push(format!("{tail}\n{head}"));
+                out.push(boundary("\n"));
             }
         }
         Ok(out)
+    }
+
+    /// [`Self::score_items`] with the evidence behind the scores: every
+    /// chunk the encoder read (in every view of the text), placed in the
+    /// text as sent, with its own scores, and the terms the lexical layer
+    /// matched. The scores are computed exactly as `score_items` computes
+    /// them; the chunks' places cost a traced normalisation of each text
+    /// and are only computed here.
+    pub fn score_items_explained(
+        &self,
+        items: &[&str],
+        deadline: &Deadline,
+    ) -> Result<ExplainedScores, TextModelError> {
+        let placed = items
+            .iter()
+            .map(|t| self.placed_chunks(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut boundary_chunks: Vec<(Vec<u32>, Option<ItemRanges>)> = Vec::new();
+        if items.len() > 1 {
+            for boundary in self.boundaries(items)? {
+                for (ids, range) in self.placed_chunks(&boundary.text)? {
+                    boundary_chunks.push((ids, range.and_then(|r| boundary.place(r))));
+                }
+            }
+        }
+        let mut groups: Vec<Vec<Vec<u32>>> = placed
+            .iter()
+            .map(|chunks| chunks.iter().map(|(ids, _)| ids.clone()).collect())
+            .collect();
+        if items.len() > 1 {
+            groups.push(boundary_chunks.iter().map(|(ids, _)| ids.clone()).collect());
+        }
+        let embedded = self.embed_grouped(&groups, deadline)?;
+        let lexical: Vec<LexicalFeatures> = items
+            .iter()
+            .map(|t| LexicalFeatures::of(&self.lexical, t))
+            .collect();
+
+        let mut scores = Vec::with_capacity(items.len());
+        let mut evidence = TextEvidence::none(items.len(), Source::Model);
+        for (k, text) in items.iter().enumerate() {
+            scores.push(self.text_scores(&embedded[k], &lexical[k]));
+            let chunks = placed[k].iter().zip(&embedded[k]);
+            evidence.items[k] = chunks
+                .filter_map(|((_, range), e)| {
+                    Some(self.chunk_evidence(range.clone()?, e, &lexical[k..=k]))
+                })
+                .chain(lexicon_evidence(&self.lexical, text))
+                .collect();
+        }
+        if items.len() < 2 {
+            let combined = scores.first().copied();
+            return Ok(ExplainedScores {
+                items: scores,
+                combined,
+                evidence,
+            });
+        }
+
+        let together = [items.join("\n"), items.concat()]
+            .map(|joined| LexicalFeatures::of(&self.lexical, &joined));
+        let combined = together
+            .iter()
+            .map(|lexical| self.text_scores(embedded.iter().flatten(), lexical))
+            .reduce(|a, b| a.max_with(&b));
+        let item_chunks = placed.iter().enumerate().flat_map(|(k, chunks)| {
+            chunks.iter().map(move |(_, range)| {
+                let bytes = range.clone()?;
+                ItemRanges::new([ItemRange { item: k, bytes }])
+            })
+        });
+        let places = item_chunks.chain(boundary_chunks.into_iter().map(|(_, place)| place));
+        evidence.combined = places
+            .zip(embedded.iter().flatten())
+            .filter_map(|(place, e)| Some(self.chunk_evidence(place?, e, &together)))
+            .chain(combined_lexicon_evidence(&self.lexical, items))
+            .collect();
+        Ok(ExplainedScores {
+            items: scores,
+            combined,
+            evidence,
+        })
+    }
+
+    /// One chunk's own scores, composed as a text's are (parents at least
+    /// their kinds, `sexual/minors` from its two signals), read with the
+    /// strongest of the texts' lexical features it is part of.
+    fn chunk_evidence<P>(
+        &self,
+        place: P,
+        embedding: &[f32],
+        lexical: &[LexicalFeatures],
+    ) -> Evidence<P> {
+        let scores = lexical
+            .iter()
+            .map(|lex| self.heads.compose(self.heads.window_scores(embedding, lex)))
+            .reduce(|a, b| a.max_with(&b))
+            .unwrap_or_default();
+        Evidence {
+            place,
+            scores,
+            source: Source::Model,
+        }
+    }
+
+    /// The chunks of every view of `text` (the same as [`Self::text_chunks`]),
+    /// each with the byte range of `text` it was cut from; `None` for a
+    /// chunk that covers no text (the markers-only chunk of an empty text).
+    fn placed_chunks(&self, text: &str) -> Result<Vec<PlacedChunk>, TextModelError> {
+        let mut out = Vec::new();
+        for view in self.model_views(text) {
+            for (ids, range) in self
+                .encoder
+                .chunks_with_ranges(&view.text, self.heads.window)?
+            {
+                out.push((ids, view.to_original(range)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::model_inputs`] with the way back from each view to `text`:
+    /// the same views, by the same rules, normalised with their maps.
+    fn model_views<'a>(&self, text: &'a str) -> Vec<View<'a>> {
+        let traced = |repeats| normalize_traced(text, Options { repeats });
+        match self.heads.input {
+            InputKind::Raw => vec![View::raw(text)],
+            InputKind::Normalized => vec![View::traced(traced(Repeats::CollapseToTwo))],
+            InputKind::Both => {
+                let mut views = vec![View::raw(text)];
+                let normalized = traced(Repeats::CollapseToTwo);
+                let single = traced(Repeats::CollapseToOne);
+                if single.text != normalized.text && changed_beyond_case(text, &single.text) {
+                    views.push(View::traced(single));
+                }
+                if changed_beyond_case(text, &normalized.text) {
+                    views.push(View::traced(normalized));
+                }
+                views
+            }
+        }
     }
 
     /// The token windows the encoder sees for `text` (benchmarks).
@@ -287,7 +451,9 @@ impl EmbeddingClassifier {
     /// the de-obfuscated form when the heads read raw text and normalising
     /// changed more than letter case (`k i l l`, `s.u.i.c.i.d.e`, look-alikes),
     /// so evasion cannot hide a word the model knows. Ordinary text costs
-    /// one pass.
+    /// one pass. [`Self::model_views`] makes the same choice with offset
+    /// maps; keep the two in step (`explained_scores_are_exactly_the_scores`
+    /// in `tests/it/text_model.rs` fails when they differ).
     fn model_inputs<'a>(&self, text: &'a str) -> Vec<Cow<'a, str>> {
         match self.heads.input {
             InputKind::Raw => vec![Cow::Borrowed(text)],
@@ -305,6 +471,75 @@ impl EmbeddingClassifier {
                 }
                 views
             }
+        }
+    }
+}
+
+/// Where two neighbouring items meet, as the encoder reads it: the end of
+/// the left item, maybe a line break, then the start of the right one.
+struct Boundary {
+    text: String,
+    /// The left item; the right one is the next.
+    left: usize,
+    /// Where the left item's part starts in it, and its length.
+    tail_start: usize,
+    tail_len: usize,
+    /// Where the right item's part starts in `text`.
+    head_at: usize,
+}
+
+impl Boundary {
+    /// The items' ranges behind `range` of the boundary text: the left
+    /// item's, the right item's, or both (a chunk across the boundary).
+    fn place(&self, range: Range<usize>) -> Option<ItemRanges> {
+        let (tail_start, tail_end) = (range.start.min(self.tail_len), range.end.min(self.tail_len));
+        let head = range.start.max(self.head_at) - self.head_at
+            ..range.end.max(self.head_at) - self.head_at;
+        ItemRanges::new([
+            ItemRange {
+                item: self.left,
+                bytes: self.tail_start + tail_start..self.tail_start + tail_end,
+            },
+            ItemRange {
+                item: self.left + 1,
+                bytes: head,
+            },
+        ])
+    }
+}
+
+/// A chunk's tokens and the byte range of the item's text it was cut
+/// from; `None` when it covers none.
+type PlacedChunk = (Vec<u32>, Option<Range<usize>>);
+
+/// A text the encoder reads for an item, with the way back to the item's
+/// own text (`None`: it is the item's text).
+struct View<'a> {
+    text: Cow<'a, str>,
+    map: Option<OffsetMap>,
+}
+
+impl<'a> View<'a> {
+    fn raw(text: &'a str) -> View<'a> {
+        View {
+            text: Cow::Borrowed(text),
+            map: None,
+        }
+    }
+
+    fn traced(traced: normalize::Traced) -> View<'a> {
+        View {
+            text: Cow::Owned(traced.text),
+            map: Some(traced.map),
+        }
+    }
+
+    /// The byte range of the item's text behind `range` of this view.
+    fn to_original(&self, range: Range<usize>) -> Option<Range<usize>> {
+        match &self.map {
+            _ if range.is_empty() => None,
+            None => Some(range),
+            Some(map) => map.to_original(range),
         }
     }
 }
@@ -362,6 +597,17 @@ impl TextClassifier for EmbeddingClassifier {
             EmbeddingClassifier::score_items(self, items, deadline).map_err(into_anyhow)?;
         self.log_cache_stats();
         Ok(scores)
+    }
+
+    fn score_items_explained(
+        &self,
+        items: &[&str],
+        deadline: &Deadline,
+    ) -> anyhow::Result<ExplainedScores> {
+        let explained = EmbeddingClassifier::score_items_explained(self, items, deadline)
+            .map_err(into_anyhow)?;
+        self.log_cache_stats();
+        Ok(explained)
     }
 
     fn default_thresholds(&self) -> Thresholds {
