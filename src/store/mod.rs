@@ -213,8 +213,9 @@ pub trait Store: Send + Sync + 'static {
     /// until a one-time link sets one) and, in the same transaction, ends
     /// every session of the account but `keep_session` (the id hash of the
     /// session that made the change, if any): whoever held the old password
-    /// or a session taken with it is out. `Ok(false)` if there is no such
-    /// account, or it is the operator account.
+    /// or a session taken with it is out. Its one-time password links end
+    /// too. `Ok(false)` if there is no such account, or it is the operator
+    /// account.
     async fn set_account_password(
         &self,
         id: &AccountId,

@@ -332,6 +332,13 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
+        // Whatever links were out (a first-password link, a sign-up's)
+        // were for the password that is now replaced.
+        sqlx::query("DELETE FROM password_tokens WHERE account_id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         // `IS DISTINCT FROM`: with no session to keep, every session ends.
         sqlx::query(
             "DELETE FROM dashboard_sessions WHERE account_id = $1 AND id_hash IS DISTINCT FROM $2",

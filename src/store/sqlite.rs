@@ -442,6 +442,13 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
+        // Whatever links were out (a first-password link, a sign-up's)
+        // were for the password that is now replaced.
+        sqlx::query("DELETE FROM password_tokens WHERE account_id = ?")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         // `IS NOT`: with no session to keep, every session ends.
         sqlx::query("DELETE FROM dashboard_sessions WHERE account_id = ? AND id_hash IS NOT ?")
             .bind(id.as_str())

@@ -1281,6 +1281,22 @@ async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
         store.take_password_token(&[2; 32], now).await.unwrap(),
         None
     );
+    // A used link ends the account's other links.
+    for id in [10u8, 11] {
+        store
+            .insert_password_token(&[id; 32], &acct.id, day_later)
+            .await
+            .unwrap();
+    }
+    assert!(store
+        .take_password_token(&[10; 32], now)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        store.take_password_token(&[11; 32], now).await.unwrap(),
+        None
+    );
     let hash = PasswordHash::from_stored("$argon2id$v=19$x".into());
     let now = Utc::now();
     for id in [4u8, 5] {
@@ -1317,11 +1333,19 @@ async fn password_tokens_are_single_use_and_expire(ctx: Ctx) {
             .password_hash,
         Some(hash.clone())
     );
-    // A reset to no password keeps no session.
+    // A reset to no password keeps no session, and ends a link still out.
+    store
+        .insert_password_token(&[12; 32], &acct.id, day_later)
+        .await
+        .unwrap();
     assert!(store
         .set_account_password(&acct.id, None, None)
         .await
         .unwrap());
+    assert_eq!(
+        store.password_token_account(&[12; 32], now).await.unwrap(),
+        None
+    );
     assert!(!alive(4).await);
     assert_eq!(
         store
