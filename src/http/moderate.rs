@@ -219,6 +219,20 @@ struct ItemResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     image_analysis: Option<ImageAnalysisBody>,
+    /// Images only, when text was read in the image (OCR, English and
+    /// Chinese): its lines, top to bottom, joined by line breaks. The text
+    /// model judges it like a text item (it also joins `combined_text`),
+    /// and the image's scores are per category the higher of the image
+    /// models' and the text's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    extracted_text: Option<String>,
+    /// Images with `extracted_text` only: the categories the text flagged,
+    /// by the text thresholds (possibly none), so a flag can be told to
+    /// come from the words rather than the picture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, value_type = Option<Vec<String>>)]
+    text_categories: Option<Vec<&'static str>>,
 }
 
 /// The `type` of a result: its item's.
@@ -234,7 +248,8 @@ struct CombinedText {
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
-    /// Number of text items taken together.
+    /// Number of texts taken together: the text items and the texts read
+    /// from images (`extracted_text`), in item order.
     items: usize,
 }
 
@@ -448,17 +463,29 @@ fn response_body(
                 verdict,
                 evaluated,
                 analysis,
+                text,
                 ..
             } => {
-                let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
+                // The text model judges every category of the text it reads.
+                let evaluated = if text.is_some() {
+                    Category::ALL.iter().map(|c| c.as_str()).collect()
+                } else {
+                    evaluated.iter().map(|c| c.as_str()).collect()
+                };
                 let analysis = Some(analysis.into());
-                item_result(
+                let mut result = item_result(
                     index,
                     ResultKind::Image,
                     &verdict,
                     Some(evaluated),
                     analysis,
-                )
+                );
+                if let Some(text) = text {
+                    result.text_categories =
+                        Some(text.categories().iter().map(|c| c.as_str()).collect());
+                    result.extracted_text = Some(text.text);
+                }
+                result
             }
         })
         .collect();
@@ -495,5 +522,7 @@ fn item_result(
         category_scores: ScoreMap(verdict.scores),
         evaluated_categories: evaluated,
         image_analysis: analysis,
+        extracted_text: None,
+        text_categories: None,
     }
 }
