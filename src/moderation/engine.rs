@@ -581,7 +581,12 @@ impl Engine {
             let text = match text {
                 Ok(text) => text,
                 Err(OcrError::DeadlineExceeded(_)) => return Err(self.deadline_exceeded()),
-                Err(e) => return Err(EngineError::Classifier(e.into())),
+                // The image models judged the image: a reading that failed
+                // leaves it judged by them alone rather than failing it.
+                Err(error) => {
+                    tracing::warn!(%error, item = index, "OCR failed; the image is judged without its text");
+                    None
+                }
             };
             if let Some(text) = &text {
                 chars_left = chars_left.saturating_sub(text.chars());

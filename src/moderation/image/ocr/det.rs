@@ -58,7 +58,9 @@ pub fn input_size(width: u32, height: u32, max_side: u32) -> (u32, u32) {
         // Clamped to u32's range just above, so the cast cannot truncate.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let side = side as u32;
-        (side.div_ceil(STRIDE) * STRIDE).max(STRIDE)
+        // At least 64: the detector's deepest maps are 1/32 of the input,
+        // and tract's convolutions underflow on maps of a single pixel.
+        (side.div_ceil(STRIDE) * STRIDE).max(2 * STRIDE)
     };
     (round(w), round(h))
 }
@@ -310,7 +312,7 @@ mod tests {
         assert_eq!(input_size(600, 400, 960), (608, 416));
         // Large ones scaled down.
         assert_eq!(input_size(4000, 3000, 960), (960, 736));
-        assert_eq!(input_size(1, 1, 960), (32, 32));
+        assert_eq!(input_size(1, 1, 960), (64, 64));
     }
 
     #[test]

@@ -46,6 +46,10 @@ const WIDTH_STEP: u32 = 160;
 
 type Plan = TypedSimplePlan<TypedModel>;
 
+/// Images with a side shorter than this hold no readable line (and the
+/// detector's convolutions need some room).
+const MIN_IMAGE_SIDE: u32 = 16;
+
 #[derive(Debug, thiserror::Error)]
 pub enum OcrError {
     #[error("the OCR model file {path} is missing; run scripts/setup.sh (or scripts/fetch-ocr.sh) to fetch it")]
@@ -198,15 +202,32 @@ impl Ocr {
     }
 
     /// Reads the text of `image`, stopping at `deadline`. `None`: no text.
+    /// A panic inside the runtime (tract checks its arithmetic in debug
+    /// builds) is an `Inference` error, never the caller's panic.
     pub fn read(
         &self,
         image: &RgbImage,
         limits: &ReadLimits,
         deadline: &Deadline,
     ) -> Result<Option<ReadText>, OcrError> {
-        if limits.max_chars == 0 || limits.max_regions == 0 {
+        if limits.max_chars == 0
+            || limits.max_regions == 0
+            || image.width().min(image.height()) < MIN_IMAGE_SIDE
+        {
             return Ok(None);
         }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.read_unguarded(image, limits, deadline)
+        }))
+        .unwrap_or_else(|_| Err(OcrError::Inference("the ONNX runtime panicked".into())))
+    }
+
+    fn read_unguarded(
+        &self,
+        image: &RgbImage,
+        limits: &ReadLimits,
+        deadline: &Deadline,
+    ) -> Result<Option<ReadText>, OcrError> {
         let boxes = self.detect(image, limits)?;
         deadline.check()?;
         let mut lines = vec![String::new(); boxes.len()];
