@@ -31,6 +31,11 @@ if ! "${PYTHON:-python3}" -c 'import aiosmtpd' 2>/dev/null; then
   exit 1
 fi
 
+if [[ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
+  echo "DejaVu Sans is missing (the OCR tests render text with it): apt-get install -y fonts-dejavu-core" >&2
+  exit 1
+fi
+
 chromedriver="${CHROMEDRIVER:-/usr/bin/chromedriver}"
 if [[ ! -x "$chromedriver" || ! -x "${CHROME_BIN:-/usr/bin/chromium}" ]]; then
   echo "Chromium or chromedriver is missing (the browser tests drive the dashboard with them):" >&2

@@ -104,11 +104,33 @@ pub struct Config {
     pub vision: VisionSettings,
     pub text_model: TextModelConfig,
     pub remote_images: RemoteImageSettings,
+    pub ocr: OcrConfig,
     /// How the dashboard sends e-mail (the links of open sign-up); absent:
     /// it sends none, and open sign-up cannot be switched on.
     #[serde(default)]
     pub smtp: Option<SmtpSettings>,
 }
+
+/// `[ocr]`: reading the text inside image items.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OcrConfig {
+    /// Read text in images (when the model files are there: without them
+    /// the service starts with OCR off and a warning).
+    pub enabled: bool,
+    /// The detector sees the image scaled to at most this many pixels a side.
+    pub max_side: u32,
+    /// Text regions read per image, the most confident first.
+    pub max_regions_per_image: usize,
+    /// Characters read per image.
+    pub max_chars_per_image: usize,
+    /// Characters read from all the images of one request together.
+    pub max_chars_per_request: usize,
+}
+
+/// Bounds of `ocr.max_side`: the detector needs 32 pixels, and a larger
+/// input costs time quadratically.
+pub const OCR_SIDE_RANGE: std::ops::RangeInclusive<u32> = 32..=4096;
 
 /// The text model's settings beyond the shipped heads.
 #[derive(Clone, Debug, Deserialize)]
@@ -570,6 +592,7 @@ impl Config {
         }
         self.validate_budget()?;
         self.validate_remote_images()?;
+        self.validate_ocr()?;
         self.sign_up_mail()?;
         self.vision
             .validate()
@@ -657,6 +680,18 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "remote_images.max_concurrent_fetches must be between 1 and {}",
                 remote::MAX_CONCURRENT_FETCHES
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_ocr(&self) -> Result<(), ConfigError> {
+        let o = &self.ocr;
+        if !OCR_SIDE_RANGE.contains(&o.max_side) {
+            return Err(ConfigError::Invalid(format!(
+                "ocr.max_side must be between {} and {}",
+                OCR_SIDE_RANGE.start(),
+                OCR_SIDE_RANGE.end()
             )));
         }
         Ok(())

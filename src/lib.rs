@@ -207,6 +207,10 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         Some(i) => ThresholdOverrides::apply(&config.thresholds.image, i.default_thresholds()),
         None => moderation::Thresholds::uniform(0.5),
     };
+    let ocr = match &image {
+        Some(_) => ocr_parts(config)?,
+        None => None,
+    };
     let vision = moderation::image::vision::VisionClient::from_settings(&config.vision)?;
     if vision.is_some() {
         tracing::info!("deep image analysis provider configured: images are sent to it only for requests with analyze_images=true");
@@ -218,7 +222,55 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
         image_thresholds,
         image_limits: config.limits.image.clone(),
         vision,
+        ocr,
         budget: config.engine_budget(),
+    }))
+}
+
+/// The OCR model when `[ocr]` enables it. Missing model files turn OCR off
+/// with a warning instead of failing: images are then judged by the image
+/// models alone, as before OCR existed. A file that is there but wrong still
+/// fails the start.
+fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrParts>> {
+    use moderation::image::ocr::{Ocr, OcrError, ReadLimits};
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, Arc<Ocr>>>> = OnceLock::new();
+    let o = &config.ocr;
+    if !o.enabled {
+        return Ok(None);
+    }
+    let cache = CACHE.get_or_init(Default::default);
+    let dir = &config.models_dir;
+    let cached = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(dir)
+        .cloned();
+    let reader = match cached {
+        Some(reader) => reader,
+        None => match Ocr::load(dir) {
+            Ok(reader) => {
+                let reader = Arc::new(reader);
+                cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(dir.clone(), reader.clone());
+                reader
+            }
+            Err(error @ OcrError::Missing { .. }) => {
+                tracing::warn!(%error, "OCR is off: text inside images is not read");
+                return Ok(None);
+            }
+            Err(error) => return Err(error.into()),
+        },
+    };
+    Ok(Some(moderation::engine::OcrParts {
+        reader,
+        limits: ReadLimits {
+            max_side: o.max_side,
+            max_regions: o.max_regions_per_image,
+            max_chars: o.max_chars_per_image,
+        },
+        max_chars_per_request: o.max_chars_per_request,
     }))
 }
 

@@ -232,6 +232,20 @@ struct ItemResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     explanations: Option<Vec<ExplanationBody>>,
+    /// Images only, when text was read in the image (OCR, English and
+    /// Chinese): its lines, top to bottom, joined by line breaks. The text
+    /// model judges it like a text item (it also joins `combined_text`),
+    /// and the image's scores are per category the higher of the image
+    /// models' and the text's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    extracted_text: Option<String>,
+    /// Images with `extracted_text` only: the categories the text flagged,
+    /// by the text thresholds (possibly none), so a flag can be told to
+    /// come from the words rather than the picture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, value_type = Option<Vec<String>>)]
+    text_categories: Option<Vec<&'static str>>,
 }
 
 /// A category's API name, one of the eleven.
@@ -311,7 +325,8 @@ struct CombinedText {
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
-    /// Number of text items taken together.
+    /// Number of texts taken together: the text items and the texts read
+    /// from images (`extracted_text`), in item order.
     items: usize,
     /// With `"explain": true` only: as an item's, placed in the items.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -553,17 +568,29 @@ fn response_body(
                     verdict,
                     evaluated,
                     analysis,
+                    text,
                     ..
                 } => {
-                    let evaluated = evaluated.iter().map(|c| c.as_str()).collect();
+                    // The text model judges every category of the text it reads.
+                    let evaluated = if text.is_some() {
+                        Category::ALL.iter().map(|c| c.as_str()).collect()
+                    } else {
+                        evaluated.iter().map(|c| c.as_str()).collect()
+                    };
                     let analysis = Some(analysis.into());
-                    item_result(
+                    let mut result = item_result(
                         index,
                         ResultKind::Image,
                         &verdict,
                         Some(evaluated),
                         analysis,
-                    )
+                    );
+                    if let Some(text) = text {
+                        result.text_categories =
+                            Some(text.categories().iter().map(|c| c.as_str()).collect());
+                        result.extracted_text = Some(text.text);
+                    }
+                    result
                 }
             }
         })
@@ -606,6 +633,8 @@ fn item_result(
         category_scores: ScoreMap(verdict.scores),
         evaluated_categories: evaluated,
         image_analysis: analysis,
+        extracted_text: None,
+        text_categories: None,
         explanations: None,
     }
 }

@@ -347,10 +347,16 @@ impl ModerationResult {
         match outcome {
             ItemOutcome::Text(verdict) => self.add_text(verdict),
             ItemOutcome::Image {
-                verdict, evaluated, ..
+                verdict,
+                evaluated,
+                text,
+                ..
             } => {
                 self.merge(verdict);
-                for category in evaluated {
+                // The image models' categories, and those the image's text
+                // raised (flagged): the image is why they are set.
+                let raised = text.iter().flat_map(|t| t.categories());
+                for category in evaluated.iter().copied().chain(raised) {
                     self.category_applied_input_types.0[category.index()].image = true;
                 }
             }

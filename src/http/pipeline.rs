@@ -118,6 +118,15 @@ pub async fn moderate(
         .moderate_with(items, analyze_images, &rules, explain)
         .await
         .map_err(|error| engine_error(error, &kinds, field))?;
+    // Text read in images is known only once read: it counts as text
+    // scored, and is charged to the allowance after the fact (the request
+    // is answered; the next ones wait for it).
+    let read = moderation.image_text_chars();
+    stats.text_chars += read;
+    let characters = match charge_read_characters(state, key, read).await {
+        Some(decision) => Some(decision),
+        None => characters,
+    };
     count_scored(&stats, &moderation);
     stats.flagged = moderation.flagged;
     stats.deep_analyses = moderation.deep_analyses;
@@ -190,6 +199,37 @@ async fn charge_characters(
             retry_after: decision.retry_after,
         })
     })
+}
+
+/// Charges `chars` read from images to the key's character allowance. The
+/// limiter takes no charge larger than the room left, so at most that room
+/// is charged (the allowance is then empty). `None`: nothing read.
+async fn charge_read_characters(
+    state: &AppState,
+    key: &AuthenticatedKey,
+    chars: u64,
+) -> Option<Decision> {
+    if chars == 0 {
+        return None;
+    }
+    let bucket = &key.1.characters;
+    let cost = u32::try_from(chars)
+        .unwrap_or(u32::MAX)
+        .min(bucket.per_minute);
+    let decision = state
+        .limiter
+        .check_n(&bucket.name, bucket.per_minute, cost)
+        .await;
+    if decision.allowed || decision.remaining == 0 {
+        return Some(decision);
+    }
+    let rest = cost.min(decision.remaining);
+    Some(
+        state
+            .limiter
+            .check_n(&bucket.name, bucket.per_minute, rest)
+            .await,
+    )
 }
 
 /// The character allowance, beside the `X-RateLimit-*` request headers.

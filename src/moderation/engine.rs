@@ -22,6 +22,7 @@ use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpa
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
 };
+use super::image::ocr::{Ocr, OcrError, ReadLimits, ReadText};
 use super::image::remote::{FetchError, RemoteImageUrl};
 use super::image::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
 
@@ -71,15 +72,53 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// Per category the higher score and either decision: an image's own
+    /// verdict with its text's.
+    fn either(&self, other: &Verdict) -> Verdict {
+        let categories = std::array::from_fn(|i| self.categories[i] || other.categories[i]);
+        Verdict {
+            scores: self.scores.max_with(&other.scores),
+            categories,
+            flagged: self.flagged || other.flagged,
+        }
+    }
+}
+
+/// The text read from an image, as the text model judged it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageText {
+    /// The lines read, joined by line breaks; never empty.
+    pub text: String,
+    /// The text model's verdict on it alone (by the text thresholds).
+    pub verdict: Verdict,
+}
+
+impl ImageText {
+    /// The categories the text flagged: those it raised the image's flags by.
+    pub fn categories(&self) -> Vec<Category> {
+        Category::ALL
+            .into_iter()
+            .filter(|c| self.verdict.categories[c.index()])
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum ItemOutcome {
     Text(Verdict),
     Image {
+        /// The image models' verdict and its text's together: per category
+        /// the higher score, flagged when either flags it.
         verdict: Verdict,
-        /// Categories some model actually judged for this image.
+        /// Categories the image models judged for this image (the text
+        /// model, when text was read, judged every category).
         evaluated: Vec<Category>,
         analysis: ImageAnalysis,
         bytes: usize,
+        /// Text read in the image, when OCR is on and found some (boxed:
+        /// most images have none).
+        text: Option<Box<ImageText>>,
     },
 }
 
@@ -95,7 +134,8 @@ impl ItemOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Moderation {
     pub items: Vec<ItemOutcome>,
-    /// All text items taken as one text, with how many there were.
+    /// All texts taken as one text, in item order (the text items and the
+    /// text read from images), with how many there were.
     pub combined_text: Option<(Verdict, usize)>,
     pub flagged: bool,
     /// Deep analyses that completed.
@@ -122,6 +162,19 @@ pub struct Explanations {
     pub items: Vec<Option<Vec<Explanation<Span>>>>,
     /// The combined text's, each placed in the input items it lies in.
     pub combined: Vec<Explanation<Vec<ItemSpan>>>,
+}
+
+impl Moderation {
+    /// Characters read from the images (line breaks included).
+    pub fn image_text_chars(&self) -> u64 {
+        self.items
+            .iter()
+            .filter_map(|o| match o {
+                ItemOutcome::Image { text: Some(t), .. } => Some(t.text.chars().count() as u64),
+                _ => None,
+            })
+            .sum()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +214,16 @@ pub struct EngineBudget {
     pub light_job_chars: usize,
 }
 
+/// Reading the text in images, and how much of it.
+#[derive(Clone)]
+pub struct OcrParts {
+    pub reader: Arc<Ocr>,
+    /// Per image: detector size, regions and characters.
+    pub limits: ReadLimits,
+    /// Characters read from all the images of one request together.
+    pub max_chars_per_request: usize,
+}
+
 /// Which CPU lane a job runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lane {
@@ -175,6 +238,7 @@ pub struct Engine {
     image_thresholds: Thresholds,
     image_limits: ImageLimits,
     vision: Option<VisionClient>,
+    ocr: Option<OcrParts>,
     budget: EngineBudget,
     decode_memory: DecodeBudget,
     /// CPU jobs in flight, per lane, so that a burst queues instead of
@@ -191,6 +255,8 @@ pub struct EngineParts {
     pub image_thresholds: Thresholds,
     pub image_limits: ImageLimits,
     pub vision: Option<VisionClient>,
+    /// `None`: images are judged by the image models only.
+    pub ocr: Option<OcrParts>,
     pub budget: EngineBudget,
 }
 
@@ -208,6 +274,7 @@ struct ScoredImage {
     format: ImageFormat,
     bytes: Bytes,
     scores: ImageScores,
+    text: Option<ReadText>,
 }
 
 impl Engine {
@@ -222,6 +289,7 @@ impl Engine {
             image_thresholds: parts.image_thresholds,
             image_limits: parts.image_limits,
             vision: parts.vision,
+            ocr: parts.ocr,
             decode_memory: DecodeBudget::new(
                 parts.budget.decode_memory_bytes,
                 parts.budget.decode_wait,
@@ -243,6 +311,9 @@ impl Engine {
         let mut parts = vec![self.text.model_id()];
         if let Some(image) = &self.image {
             parts.push(image.model_id());
+        }
+        if self.ocr.is_some() {
+            parts.push(super::image::ocr::MODEL_ID.to_string());
         }
         parts.join("+")
     }
@@ -307,25 +378,46 @@ impl Engine {
             return Err(EngineError::ImagesDisabled { index: *index });
         }
 
+        let total = texts.len() + images.len();
         let pending = self.inspect_images(images, deadline).await?;
+        let reads_images = self.ocr.is_some() && !pending.is_empty();
         let images_job = async {
             let scored = self.score_images(pending, deadline).await?;
             let analyses = self.deep_analysis(&scored, analyze_images).await;
             Ok::<_, EngineError>((scored, analyses))
         };
-        let (text_scores, images) =
-            tokio::join!(self.score_texts(&texts, explain, deadline), images_job);
+        let (parts, scored_texts, scored, analyses) = if reads_images {
+            // The images' text is judged with the text items (a threat split
+            // between a text and an image is caught in the combined text), so
+            // the images are read first.
+            let (scored, analyses) = images_job.await?;
+            let parts = text_parts(&texts, &scored);
+            let scored_texts = self.score_texts(&parts, explain, deadline).await?;
+            (parts, scored_texts, scored, analyses)
+        } else {
+            let (text_scores, images) =
+                tokio::join!(self.score_texts(&texts, explain, deadline), images_job);
+            let (scored, analyses) = images?;
+            (texts, text_scores?, scored, analyses)
+        };
         let ScoredTexts {
-            items: item_scores,
+            items: part_scores,
             combined,
             evidence,
-        } = text_scores?;
-        let (scored, analyses) = images?;
+        } = scored_texts;
 
-        let total = texts.len() + scored.len();
         let mut outcomes: Vec<Option<ItemOutcome>> = vec![None; total];
-        for ((index, _), scores) in texts.iter().zip(item_scores) {
-            outcomes[*index] = Some(ItemOutcome::Text(Verdict::judge(scores, &text_thresholds)));
+        let mut image_texts: Vec<Option<ImageText>> = vec![None; total];
+        for ((index, text), scores) in parts.iter().zip(part_scores) {
+            let verdict = Verdict::judge(scores, &text_thresholds);
+            if scored.iter().any(|i| i.index == *index) {
+                image_texts[*index] = Some(ImageText {
+                    text: text.clone(),
+                    verdict,
+                });
+            } else {
+                outcomes[*index] = Some(ItemOutcome::Text(verdict));
+            }
         }
         let mut deep_analyses = 0;
         for (image, analysis) in scored.iter().zip(analyses) {
@@ -334,21 +426,30 @@ impl Engine {
             }
             let (scores, evaluated) =
                 merge_image_scores(&image.scores.scores, &image.scores.evaluated, &analysis);
+            let own = Verdict::judge(scores, &image_thresholds);
+            let text = image_texts[image.index].take().map(Box::new);
+            let verdict = match &text {
+                Some(text) => own.either(&text.verdict),
+                None => own,
+            };
             outcomes[image.index] = Some(ItemOutcome::Image {
-                verdict: Verdict::judge(scores, &image_thresholds),
+                verdict,
                 evaluated,
                 analysis,
                 bytes: image.bytes.len(),
+                text,
             });
         }
         let items: Vec<ItemOutcome> = outcomes.into_iter().flatten().collect();
         let combined_text =
-            combined.map(|scores| (Verdict::judge(scores, &text_thresholds), texts.len()));
+            combined.map(|scores| (Verdict::judge(scores, &text_thresholds), parts.len()));
         let flagged = items.iter().any(|o| o.verdict().flagged)
             || combined_text.as_ref().is_some_and(|(v, _)| v.flagged);
+        // The texts read from images are explained too: a combined-text
+        // explanation can lie in an image's `extracted_text`.
         let explanations = evidence.map(|evidence| {
             explain_texts(
-                &texts,
+                &parts,
                 &items,
                 combined_text.as_ref().map(|(v, _)| v),
                 evidence,
@@ -487,6 +588,7 @@ impl Engine {
             return Ok(Vec::new());
         };
         let mut scored = Vec::with_capacity(pending.len());
+        let mut chars_left = self.ocr.as_ref().map_or(0, |o| o.max_chars_per_request);
         for image in pending {
             deadline.check().map_err(|_| self.deadline_exceeded())?;
             let reservation = self
@@ -502,22 +604,52 @@ impl Engine {
             let (classifier, limits) = (classifier.clone(), self.image_limits.clone());
             let (index, format, bytes) = (image.index, image.format, image.bytes);
             let encoded = bytes.clone();
-            let scores = self
+            let ocr = self.ocr.clone().filter(|_| chars_left > 0).map(|ocr| {
+                let limits = ReadLimits {
+                    max_chars: ocr.limits.max_chars.min(chars_left),
+                    ..ocr.limits
+                };
+                (ocr.reader, limits)
+            });
+            let job_deadline = deadline.clone();
+            let (scores, text) = self
                 .on_cpu(lane, deadline, move || {
                     let _reservation = reservation;
                     let started = std::time::Instant::now();
                     let decoded = image::decode(format, encoded, &limits)
                         .map_err(|error| EngineError::Image { index, error })?;
-                    let scores = classifier.score(&decoded).map_err(EngineError::Classifier);
+                    let scores = classifier
+                        .score(&decoded)
+                        .map_err(EngineError::Classifier)?;
                     record_model_time("image", started);
-                    scores
+                    let Some((reader, limits)) = ocr else {
+                        return Ok((scores, Ok(None)));
+                    };
+                    let started = std::time::Instant::now();
+                    let text = reader.read(&decoded.rgb, &limits, &job_deadline);
+                    record_model_time("ocr", started);
+                    Ok::<_, EngineError>((scores, text))
                 })
                 .await??;
+            let text = match text {
+                Ok(text) => text,
+                Err(OcrError::DeadlineExceeded(_)) => return Err(self.deadline_exceeded()),
+                // The image models judged the image: a reading that failed
+                // leaves it judged by them alone rather than failing it.
+                Err(error) => {
+                    tracing::warn!(%error, item = index, "OCR failed; the image is judged without its text");
+                    None
+                }
+            };
+            if let Some(text) = &text {
+                chars_left = chars_left.saturating_sub(text.chars());
+            }
             scored.push(ScoredImage {
                 index,
                 format,
                 bytes,
                 scores,
+                text,
             });
         }
         Ok(scored)
@@ -721,6 +853,19 @@ fn item_spans(texts: &[(usize, String)], place: ItemRanges) -> Vec<ItemSpan> {
         .collect()
 }
 
+/// The texts to judge in item order: the text items and the text read
+/// from images.
+fn text_parts(texts: &[(usize, String)], images: &[ScoredImage]) -> Vec<(usize, String)> {
+    let mut parts: Vec<(usize, String)> = texts.to_vec();
+    parts.extend(
+        images
+            .iter()
+            .filter_map(|i| Some((i.index, i.text.as_ref()?.text()))),
+    );
+    parts.sort_by_key(|(index, _)| *index);
+    parts
+}
+
 /// The time one job spent in a classifier (decoding included for images).
 fn record_model_time(classifier: &'static str, started: std::time::Instant) {
     metrics::histogram!(crate::metrics::names::MODEL_DURATION, "classifier" => classifier)
@@ -794,6 +939,7 @@ mod tests {
             image_thresholds: Thresholds::uniform(0.5),
             image_limits: crate::config::Config::embedded_defaults().limits.image,
             vision: None,
+            ocr: None,
             budget,
         })
     }

@@ -21,6 +21,7 @@ mod limits;
 mod metrics;
 mod moderations;
 mod nsfwjs_reference;
+mod ocr;
 mod openapi;
 mod policies;
 mod signatures;

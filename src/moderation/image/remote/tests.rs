@@ -501,6 +501,7 @@ fn engine(budget: EngineBudget) -> Engine {
         image_thresholds: Thresholds::uniform(0.5),
         image_limits: crate::config::Config::embedded_defaults().limits.image,
         vision: None,
+        ocr: None,
         budget,
     })
 }

@@ -1,0 +1,66 @@
+//! OCR costs: the detector alone on a 1024×768 picture without text (what
+//! every image pays), and reading a 1024×768 screenshot with ten lines of
+//! 18 px text (detector and recogniser). Needs the models
+//! (scripts/fetch-ocr.sh); skipped without them.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use image::{Rgb, RgbImage};
+use moderato::moderation::image::ocr::{Ocr, ReadLimits};
+use moderato::moderation::Deadline;
+
+#[path = "../tests/support/render_text.rs"]
+mod render;
+
+pub const SCREENSHOT_LINES: [&str; 10] = [
+    "Re: invoice 4721 for the March order",
+    "Hi Sam, thanks for sending the files over yesterday.",
+    "The totals look right to me, except line 3 ($129.99).",
+    "Could you check whether the discount was applied?",
+    "We also need the delivery address for the Berlin office.",
+    "The meeting is moved to Friday at 9:30 in room 2.",
+    "Please bring your laptop and the charger this time.",
+    "Let me know if anything is unclear.",
+    "Best regards,",
+    "Alex",
+];
+
+fn limits() -> ReadLimits {
+    ReadLimits {
+        max_side: 1024,
+        max_regions: 40,
+        max_chars: 1000,
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let models = std::env::var_os("MODERATO_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("models"));
+    let ocr = match Ocr::load(&models) {
+        Ok(ocr) => ocr,
+        Err(e) => {
+            eprintln!("skipping the OCR benches: {e}");
+            return;
+        }
+    };
+    let screenshot = render::screenshot(&SCREENSHOT_LINES);
+    let blank = RgbImage::from_fn(1024, 768, |x, y| {
+        Rgb([(x * 255 / 1024) as u8, (y * 255 / 768) as u8, 128])
+    });
+    let deadline = Deadline::distant();
+    let mut group = c.benchmark_group("ocr");
+    group.sample_size(20);
+    group.bench_function("detect_only_1024x768_no_text", |b| {
+        b.iter(|| black_box(ocr.read(&blank, &limits(), &deadline).unwrap()))
+    });
+    group.bench_function("read_1024x768_ten_lines", |b| {
+        b.iter(|| black_box(ocr.read(&screenshot, &limits(), &deadline).unwrap()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
