@@ -102,7 +102,12 @@ impl ReadText {
 
 /// The detector and recogniser, loaded and optimised once.
 pub struct Ocr {
-    detector: Plan,
+    /// The detector as loaded, and its plans by input (height, width):
+    /// tract runs a plan for known sides many times faster than one for
+    /// symbolic sides.
+    detector: InferenceModel,
+    det_plans: Mutex<HashMap<(usize, usize), Arc<Plan>>>,
+    det_path: PathBuf,
     /// The recogniser as loaded, before its input's shape is fixed.
     recogniser: InferenceModel,
     /// Its plans by (lines, width).
@@ -130,15 +135,6 @@ impl Ocr {
         // image size and line width.
         let detector = onnx
             .model_for_read(&mut det_bytes.as_slice())
-            .and_then(|mut model| {
-                // Sides as 32 × a symbol: the detector's input is rounded to
-                // multiples of 32, and tract can then prove its upsampled
-                // branches line up.
-                let (h, w) = (model.symbols.sym("h"), model.symbols.sym("w"));
-                let (h, w) = (TDim::from(h) * 32, TDim::from(w) * 32);
-                model.set_input_fact(0, f32::fact([TDim::from(1), 3.into(), h, w]).into())?;
-                model.into_optimized()?.into_runnable()
-            })
             .map_err(corrupt(&det_path))?;
         let proto = onnx
             .proto_model_for_read(&mut rec_bytes.as_slice())
@@ -161,6 +157,8 @@ impl Ocr {
             .map_err(corrupt(&rec_path))?;
         let ocr = Ocr {
             detector,
+            det_plans: Mutex::default(),
+            det_path,
             recogniser,
             plans: Mutex::default(),
             dictionary,
@@ -170,6 +168,34 @@ impl Ocr {
         // the start rather than the first image.
         ocr.plan(1, WIDTH_STEP * 2)?;
         Ok(ocr)
+    }
+
+    /// The detector's plan for an input of `height` × `width`.
+    fn det_plan(&self, height: usize, width: usize) -> Result<Arc<Plan>, OcrError> {
+        let key = (height, width);
+        if let Some(plan) = self
+            .det_plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(plan.clone());
+        }
+        let plan = self
+            .detector
+            .clone()
+            .with_input_fact(0, f32::fact([1, 3, height, width]).into())
+            .and_then(|model| model.into_optimized()?.into_runnable())
+            .map_err(|e| OcrError::Corrupt {
+                path: self.det_path.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        let plan = Arc::new(plan);
+        self.det_plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, plan.clone());
+        Ok(plan)
     }
 
     /// The recogniser's plan for `lines` lines of `width` pixels.
@@ -256,7 +282,8 @@ impl Ocr {
         let input = det::prepare(image, limits.max_side);
         let (w, h) = (input.width as usize, input.height as usize);
         let tensor = Tensor::from_shape(&[1, 3, h, w], &input.data).map_err(inference)?;
-        let output = self.detector.run(tvec!(tensor.into())).map_err(inference)?;
+        let plan = self.det_plan(h, w)?;
+        let output = plan.run(tvec!(tensor.into())).map_err(inference)?;
         let map = output[0].as_slice::<f32>().map_err(inference)?;
         if map.len() != w * h {
             return Err(OcrError::Inference(format!(
