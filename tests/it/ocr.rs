@@ -50,7 +50,7 @@ fn on(background: RgbImage, text: &str, px: f32, ink: [u8; 3]) -> RgbImage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_threat_in_an_image_is_read_and_flagged() {
-    let app = spawn_app(Backend::Sqlite).await;
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let body = moderate(&app, &key, vec![image_item(&render::line(THREAT, 28.0))]).await;
     let image = &body["results"][0];
@@ -78,7 +78,7 @@ async fn a_threat_in_an_image_is_read_and_flagged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_renderings_are_still_read() {
-    let app = spawn_app(Backend::Sqlite).await;
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let white = || RgbImage::from_pixel(760, 260, Rgb([255, 255, 255]));
     let cases: Vec<(&str, RgbImage)> = vec![
@@ -129,7 +129,7 @@ async fn hard_renderings_are_still_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_harmless_caption_and_a_picture_without_text_pass() {
-    let app = spawn_app(Backend::Sqlite).await;
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let caption = render::line("Sunset over the lake with my family", 28.0);
     let gradient = RgbImage::from_fn(320, 240, |x, y| {
@@ -156,7 +156,7 @@ async fn a_harmless_caption_and_a_picture_without_text_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_threat_split_between_text_and_image_is_caught_in_the_combined_text() {
-    let app = spawn_app(Backend::Sqlite).await;
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let input = vec![
         json!({"type": "text", "text": "Tonight I am coming to your house."}),
@@ -173,7 +173,7 @@ async fn a_threat_split_between_text_and_image_is_caught_in_the_combined_text() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_endpoint_applies_image_to_what_its_text_raised() {
-    let app = spawn_app(Backend::Sqlite).await;
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let url = data_uri("image/png", &render::png(&render::line(THREAT, 28.0)));
     let body = json!({"input": [{"type": "image_url", "image_url": {"url": url}}]});
