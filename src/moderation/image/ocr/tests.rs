@@ -113,9 +113,11 @@ fn edit_distance_counts_insertions_deletions_and_substitutions() {
 /// 120 lines of 4 to 9 words (mixed case, digits, punctuation), chosen by
 /// a fixed sequence, rendered at 16 to 32 px: the characters misread
 /// (Levenshtein) over the characters written. The goal is 3 %; measured
-/// 3.21 %, nearly all of it spaces between words not seen (the recogniser
-/// was trained mostly on Chinese, which has none), so this guards against
-/// regressions at 4 % and prints the figure.
+/// 0.09 % (4 spaces between words not read). It was 3.21 %, nearly all of
+/// it spaces not read, while lines were cut out as tight as the detector's
+/// boxes: the recogniser reads spaces when its crop has the margin above
+/// and below the text it was trained with (see `rec::LINE_MARGIN`). Prints
+/// the figure.
 #[test]
 fn reading_accuracy_on_rendered_lines() {
     const WORDS: [&str; 48] = [
@@ -152,5 +154,5 @@ fn reading_accuracy_on_rendered_lines() {
         "character error rate {:.2} % over {total} characters",
         cer * 100.0
     );
-    assert!(cer <= 0.04, "CER {:.2} %: {worst:#?}", cer * 100.0);
+    assert!(cer <= 0.03, "CER {:.2} %: {worst:#?}", cer * 100.0);
 }
