@@ -23,7 +23,7 @@ async fn sign_in(browser: &Browser, email: &str, password: &str) {
     browser.goto("/dashboard/login").await;
     browser.fill(r#"input[name="email"]"#, email).await;
     browser.fill(r#"input[name="password"]"#, password).await;
-    browser.click(r#"[data-testid="sign-in"]"#).await;
+    browser.submit(r#"[data-testid="sign-in"]"#).await;
     browser.wait_for_path("/dashboard/keys").await;
 }
 
@@ -39,7 +39,7 @@ async fn customer_makes_uses_watches_and_revokes_a_key() {
 
     // A new key, shown once.
     browser.fill(r#"input[name="name"]"#, "production").await;
-    browser.click(r#"[data-testid="create-key"]"#).await;
+    browser.submit(r#"[data-testid="create-key"]"#).await;
     let secret = browser.text(r#"[data-testid="new-key"]"#).await;
     assert!(secret.starts_with("mdr_"), "new key shown as {secret:?}");
     assert!(browser.exists(r#"[data-testid="copy-key"]"#).await);
@@ -110,14 +110,14 @@ async fn customer_makes_uses_watches_and_revokes_a_key() {
     // Revoke through the confirmation page.
     browser.goto("/dashboard/keys").await;
     browser
-        .click(&format!(r#"{row} [data-testid="revoke-key"]"#))
+        .submit(&format!(r#"{row} [data-testid="revoke-key"]"#))
         .await;
     browser
         .wait_for_path(&format!("/dashboard/keys/{id}/revoke"))
         .await;
     browser.find(r#"[data-testid="confirm-revoke"]"#).await;
     browser.screenshot("revoke-confirm").await;
-    browser.click(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.submit(r#"[data-testid="confirm-revoke"]"#).await;
     browser.wait_for_path("/dashboard/keys").await;
     until_api_answers(&app, &secret, 401, Duration::from_secs(1)).await;
     assert_eq!(
@@ -127,7 +127,7 @@ async fn customer_makes_uses_watches_and_revokes_a_key() {
     browser.screenshot("keys-revoked").await;
 
     // Signed out, the pages are closed.
-    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.submit(r#"[data-testid="sign-out"]"#).await;
     browser.wait_for_path("/dashboard/login").await;
     browser.goto("/dashboard/keys").await;
     assert!(
@@ -166,7 +166,7 @@ async fn admin_changes_a_customers_plan() {
 
     let tier = browser.find(r#"select[name="tier"]"#).await;
     tier.select_by_value("pro").await.expect("choose pro");
-    browser.click(r#"[data-testid="set-plan"]"#).await;
+    browser.submit(r#"[data-testid="set-plan"]"#).await;
     browser.wait_for_path(&account_path).await;
 
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -187,7 +187,7 @@ async fn admin_changes_a_customers_plan() {
     browser
         .fill(r#"input[name="name"]"#, "made by support")
         .await;
-    browser.click(r#"[data-testid="create-key"]"#).await;
+    browser.submit(r#"[data-testid="create-key"]"#).await;
     browser.wait_for_path(&format!("{account_path}/keys")).await;
     let secret = browser.text(r#"[data-testid="new-key"]"#).await;
     assert!(secret.starts_with("mdr_"), "new key shown as {secret:?}");
@@ -210,14 +210,14 @@ async fn admin_changes_a_customers_plan() {
     // And revokes it after the confirmation page.
     browser.goto(&account_path).await;
     browser
-        .click(&format!(r#"{key_row} [data-testid="revoke-key"]"#))
+        .submit(&format!(r#"{key_row} [data-testid="revoke-key"]"#))
         .await;
     browser
         .wait_for_path(&format!("{account_path}/keys/{id}/revoke"))
         .await;
     browser.find(r#"[data-testid="confirm-revoke"]"#).await;
     browser.screenshot("admin-revoke-confirm").await;
-    browser.click(r#"[data-testid="confirm-revoke"]"#).await;
+    browser.submit(r#"[data-testid="confirm-revoke"]"#).await;
     browser.wait_for_path(&account_path).await;
     until_api_answers(&app, &secret, 401, Duration::from_secs(1)).await;
     assert_eq!(
@@ -298,12 +298,12 @@ async fn cookies_are_host_only_and_other_origins_cannot_post() {
         names.iter().all(|n| n.starts_with("__Host-")),
         "cookies without the prefix: {names:?}"
     );
-    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.submit(r#"[data-testid="sign-out"]"#).await;
     browser.wait_for_path("/dashboard/login").await;
 
     let page = serve_mallorys_page(&app).await;
     browser.client.goto(&page).await.expect("Mallory's page");
-    browser.click(r#"[data-testid="claim"]"#).await;
+    browser.submit(r#"[data-testid="claim"]"#).await;
     browser.wait_for_path("/dashboard/login").await;
     let said = browser.text("main").await;
     assert!(
@@ -343,7 +343,7 @@ async fn owner_changes_the_password_and_other_browsers_are_signed_out() {
     browser
         .fill(r#"input[name="new_password"]"#, new_password)
         .await;
-    browser.click(r#"[data-testid="change-password"]"#).await;
+    browser.submit(r#"[data-testid="change-password"]"#).await;
     browser.wait_for_path("/dashboard/account/password").await;
     let notice = browser.text(r#"[data-testid="password-changed"]"#).await;
     assert!(notice.contains("changed"), "{notice:?}");
@@ -361,14 +361,14 @@ async fn owner_changes_the_password_and_other_browsers_are_signed_out() {
     // An admin resets it without a new one: a one-time link, and Alice's
     // sessions end.
     let mut alice_again = Session::signed_in(&app, "alice@example.com", new_password).await;
-    browser.click(r#"[data-testid="sign-out"]"#).await;
+    browser.submit(r#"[data-testid="sign-out"]"#).await;
     browser.wait_for_path("/dashboard/login").await;
     sign_in(&browser, "root@example.com", PASSWORD).await;
     let alice_id = alice["id"].as_str().expect("id");
     browser
         .goto(&format!("/dashboard/admin/accounts/{alice_id}"))
         .await;
-    browser.click(r#"[data-testid="reset-password"]"#).await;
+    browser.submit(r#"[data-testid="reset-password"]"#).await;
     browser
         .wait_for_path(&format!("/dashboard/admin/accounts/{alice_id}/password"))
         .await;
@@ -398,7 +398,7 @@ async fn a_newcomer_signs_up_through_the_emailed_link() {
     browser
         .fill(r#"input[name="email"]"#, "erin@example.com")
         .await;
-    browser.click(r#"[data-testid="sign-up"]"#).await;
+    browser.submit(r#"[data-testid="sign-up"]"#).await;
     let sent = browser.text(r#"[data-testid="sent"]"#).await;
     assert!(sent.contains("erin@example.com"), "{sent}");
     browser.screenshot("signup-sent").await;
@@ -408,7 +408,7 @@ async fn a_newcomer_signs_up_through_the_emailed_link() {
     browser.goto(&message.link_path()).await;
     browser.fill(r#"input[name="password"]"#, PASSWORD).await;
     browser.screenshot("signup-set-password").await;
-    browser.click(r#"[data-testid="set-password"]"#).await;
+    browser.submit(r#"[data-testid="set-password"]"#).await;
     browser.wait_for_path("/dashboard/login").await;
     sign_in(&browser, "erin@example.com", PASSWORD).await;
     browser.close().await;

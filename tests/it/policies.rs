@@ -778,10 +778,10 @@ async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
         .fill(r#"input[name="email"]"#, "dee@example.com")
         .await;
     browser.fill(r#"input[name="password"]"#, PASSWORD).await;
-    browser.click(r#"[data-testid="sign-in"]"#).await;
+    browser.submit(r#"[data-testid="sign-in"]"#).await;
     browser.wait_for_path("/dashboard/keys").await;
     browser.fill(r#"input[name="name"]"#, "chat").await;
-    browser.click(r#"[data-testid="create-key"]"#).await;
+    browser.submit(r#"[data-testid="create-key"]"#).await;
     let secret = browser.text(r#"[data-testid="new-key"]"#).await;
 
     browser.goto("/dashboard/policies").await;
@@ -804,7 +804,7 @@ async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
         .await;
     browser.click(r#"input[name="default"]"#).await;
     browser.screenshot("policies").await;
-    browser.click(r#"[data-testid="create-policy"]"#).await;
+    browser.submit(r#"[data-testid="create-policy"]"#).await;
     let rules = browser
         .text(r#"[data-testid="policy"] [data-col="rules"]"#)
         .await;
@@ -817,7 +817,7 @@ async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
         .click(r#"select[name="rule.hate"] option[value="threshold"]"#)
         .await;
     browser.fill(r#"input[name="threshold.hate"]"#, "0.3").await;
-    browser.click(r#"[data-testid="update-policy"]"#).await;
+    browser.submit(r#"[data-testid="update-policy"]"#).await;
     let version = browser
         .text(r#"[data-testid="policy"] [data-col="version"]"#)
         .await;

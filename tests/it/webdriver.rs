@@ -225,6 +225,41 @@ impl Browser {
             .unwrap_or_else(|e| panic!("click {css}: {e}"));
     }
 
+    /// Clicks what submits a form or follows a link, then waits (at most
+    /// 10 s) until the next page has replaced this one and finished loading.
+    /// Reading right after a plain click can find the element on the page
+    /// being left, which either goes stale in the hand or holds the old
+    /// value; a page that redirects to itself (a policy's update) gives no
+    /// new path to wait for. So this page is marked, and the wait is for a
+    /// loaded document without the mark. A script can fail while the
+    /// documents change over: such failures mean "not yet".
+    pub async fn submit(&self, css: &str) {
+        self.client
+            .execute("window.__moderatoLeaving = true", vec![])
+            .await
+            .expect("mark the page being left");
+        self.click(css).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let arrived = self
+                .client
+                .execute(
+                    "return window.__moderatoLeaving !== true && document.readyState === 'complete'",
+                    vec![],
+                )
+                .await;
+            if matches!(arrived, Ok(serde_json::Value::Bool(true))) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css} did not lead to a new page (at {}: {arrived:?})",
+                self.path().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Saves a PNG of the window as `<name>.png` in the screenshot folder.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         let png = self.client.screenshot().await.expect("screenshot");
