@@ -26,10 +26,12 @@ const STRIDE: u32 = 32;
 /// small image is read better larger.
 pub const MIN_SHORT_SIDE: u32 = 736;
 /// ... but by at most this factor: not at all. rapidocr scales small images
-/// up to a short side of 736, but the boxes found in an image scaled up are
-/// too tight for the recogniser to see the gaps between words (a 24 px line
-/// in a 450 × 80 image came out as "Iwillmurderyou..."); kept as a named
-/// factor so that the choice is visible.
+/// up to a short side of 736. It was turned off here because a 24 px line in
+/// a 450 × 80 image scaled up came out as "Iwillmurderyou..."; the cause
+/// was crops too tight to show the gaps between words, since fixed by
+/// [`super::rec::LINE_MARGIN`]. Scaling up has not been measured again (it
+/// costs detector time on every small image); kept as a named factor so
+/// that the choice is visible.
 const MAX_UPSCALE: f64 = 1.0;
 
 /// The detector's input: `[1, 3, height, width]`, BGR, values in [-1, 1].
