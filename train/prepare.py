@@ -59,8 +59,16 @@ REAL_LABELS = ROOT / "train" / "data" / "real_labels.jsonl"
 # on the validation half (eval/ABLATION-real.md): the labelled Toxic Spans
 # comments and Davidson tweets lowered its any-category AUPRC (all real
 # sources 0.755, without them 0.788), so they are labelled but not trained on.
+# The crisis-line and peer-support rows weigh three: without that, the real
+# texts' self-harm talk pulled "If you are having thoughts of suicide, please
+# reach out to a crisis line." to self-harm 0.75 (heads 2026-11-25.7); with it,
+# 0.43 under the same data. Davidson at 1 was tried again with this weighting
+# (2026-11-26): validation 0.793 -> 0.788, ToxicChat 0.577 -> 0.566.
 SOURCE_WEIGHTS = json.loads(
-    os.environ.get("MODERATO_SOURCE_WEIGHTS", '{"real:toxic_spans": 0, "real:davidson": 0}')
+    os.environ.get(
+        "MODERATO_SOURCE_WEIGHTS",
+        '{"real:toxic_spans": 0, "real:davidson": 0, "own:suicide_prevention": 3, "own:words_of_support": 3}',
+    )
 )
 
 

@@ -14,6 +14,7 @@ TARGET_ANY_FPR. So `flagged` has a stated false-alarm rate a product can act on.
 import datetime
 import json
 import os
+import pickle
 import sys
 
 import numpy as np
@@ -347,13 +348,18 @@ def f1_fpr(y, s, t):
     return 2 * tp / max(2 * tp + fp + fn, 1), fp / max(int((y == 0).sum()), 1)
 
 
-def validation_threshold(y, s, y_pool, s_pool):
+def validation_threshold(y, s, y_pool, s_pool, hard_negative_floor):
     """Among the thresholds whose FPR on the validation half is at most
     VALIDATION_MAX_FPR, those within VALIDATION_F1_TIE of the best F1 there
     are equally good by it (a category with 26 positives moves F1 by 0.02 a
-    text); of those, the one with the best F1 on the out-of-fold scores of
-    the training data decides. None when the validation labels have no
-    positives."""
+    text). Of those, the ones at or above `hard_negative_floor` (the
+    out-of-fold rule's threshold, which keeps the written hard negatives'
+    false alarms within TARGET_ANY_FPR) are kept when there are any: where
+    the real texts cannot tell thresholds apart, the texts that share harm's
+    vocabulary without being harmful decide (self-harm's validation F1 is
+    0.48-0.51 from 0.25 to 0.90, and 0.32 flags a crisis-line message);
+    when none is, the tied threshold nearest the floor. Of what is left, the best F1 on the out-of-fold scores of the training
+    data decides. None when the validation labels have no positives."""
     if y.sum() == 0 or y.sum() == len(y):
         return None
     scored = [(t, *f1_fpr(y, s, t)) for t in GRID]
@@ -362,7 +368,21 @@ def validation_threshold(y, s, y_pool, s_pool):
         return CEILING
     best = max(f1 for _, f1 in allowed)
     tied = [t for t, f1 in allowed if f1 >= best - VALIDATION_F1_TIE]
+    if TIES_TO_HARD_NEGATIVES:
+        above = [t for t in tied if t >= hard_negative_floor]
+        if not above:
+            # The floor is out of the tied range: the tied threshold nearest
+            # it (sexual/minors, whose F1 is 0.41-0.44 from 0.15 to 0.40 and
+            # which no training row labels: the lowest flagged a parent's
+            # question about talking to a teenage daughter about sex).
+            return max(tied)
+        tied = above
     return max(tied, key=lambda t: (f1_fpr(y_pool, s_pool, t)[0], -t))
+
+
+# MODERATO_TIES=pool: ties on the validation half broken by the training
+# data's F1 alone, as heads .7 were first chosen (for comparison).
+TIES_TO_HARD_NEGATIVES = os.environ.get("MODERATO_TIES", "hard_negatives") == "hard_negatives"
 
 
 def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
@@ -381,7 +401,8 @@ def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
         known = np.array([v is not None for v in lab])
         y = np.array([v for v in lab if v is not None], dtype=int)
         in_pool = ~np.isnan(pool_labels[:, i])
-        th = validation_threshold(y, S[known, i], pool_labels[in_pool, i].astype(int), P_pool[in_pool, i])
+        th = validation_threshold(y, S[known, i], pool_labels[in_pool, i].astype(int), P_pool[in_pool, i],
+                                  oof_thresholds[i])
         if th is not None:
             t[i] = min(max(th, VALIDATION_FLOOR), CEILING)
             chosen[c] = t[i]
@@ -449,12 +470,22 @@ def main():
                         for c in CATEGORIES] for j in pool], dtype=float)
     harmless = np.array([all(rows[j]["labels"].get(c) == 0 for c in harms) for j in pool])
     hard_negative = harmless & np.array([rows[j]["source"].startswith("own:written_") for j in pool])
+    safe = np.array([rows[j]["source"] == "own:written_safe_prompts" for j in pool])
+    with open(WORK / "fitted.pkl", "wb") as f:
+        pickle.dump((out, report, keep, P, labels, harmless, hard_negative, safe), f)
+    choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, safe)
+
+
+def choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, safe):
+    """Thresholds for the fitted heads `out` from the unseen scores `P` of the
+    training pool and from the validation half; writes heads.json."""
+    heads = out["heads"]
     t, budget, hn_fpr = pick_thresholds(P, labels, harmless, hard_negative)
+    print("train: out-of-fold thresholds", dict(zip(CATEGORIES, np.round(t, 3).tolist())), file=sys.stderr)
     # MODERATO_THRESHOLDS=written: the rule of heads .6 alone (for comparison).
     if os.environ.get("MODERATO_THRESHOLDS", "validation") == "validation":
         minor_i = CATEGORIES.index("sexual/minors")
         t[minor_i] = t[CATEGORIES.index("sexual")]
-        safe = np.array([rows[j]["source"] == "own:written_safe_prompts" for j in pool])
         t, report["_validation"] = thresholds_on_validation(out, t, P, safe, labels)
     for i, c in enumerate(CATEGORIES):
         out["thresholds"][c] = round(float(t[i]), 4)
@@ -475,5 +506,16 @@ def main():
     print(f"train: wrote {HEADS_PATH}", file=sys.stderr)
 
 
+def thresholds_only():
+    """MODERATO_THRESHOLDS_ONLY=1: the thresholds of the heads the last full
+    run fitted (train/out/fitted.pkl) chosen again, without refitting: for
+    trying a threshold rule in seconds instead of minutes."""
+    with open(WORK / "fitted.pkl", "rb") as f:
+        choose_thresholds(*pickle.load(f))
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get("MODERATO_THRESHOLDS_ONLY") == "1":
+        thresholds_only()
+    else:
+        main()

@@ -252,12 +252,10 @@ fn a_disguised_threat_is_caught_like_the_plain_one() {
     }
 }
 
-/// The first thing many new users type, plain and disguised. Heads .6 score
-/// the plain text harassment 0.55 against a threshold of 0.77; the candidate
-/// heads of eval/ABLATION-real.md reach 0.78 but were not shipped (they flag
-/// the crisis-line message above). Open in issue #22: run with --ignored.
+/// The first thing many new users type, plain and disguised (issue #22:
+/// heads .6 scored the plain text harassment 0.55 against a threshold of
+/// 0.77 and did not flag it).
 #[test]
-#[ignore = "issue #22: the shipped heads miss it (harassment 0.55 < 0.77)"]
 fn an_insult_telling_someone_to_kill_themselves_is_caught() {
     for text in [
         "kill yourself you worthless loser",
