@@ -9,9 +9,13 @@
 #           service's own overhead around the model is visible;
 #   mixed1  the texts of benches/texts/mixed.jsonl (people's writing of mixed
 #           lengths, written for the project), one a request;
-#   mixed8  the same texts, eight a request (items + the combined text).
+#   mixed8  the same texts, eight a request (items + the combined text);
+#   ocr     one image item a request: the OCR bench's 1024x768 screenshot
+#           with ten lines of 18 px text (examples/ocr_screenshot.rs), with
+#           [ocr] enabled, so the figure is a whole request around a read.
 #
 #   benches/load.sh [duration_s=15] [connections=8] [workloads="short mixed1 mixed8"]
+# (the ocr workload runs when named: benches/load.sh 15 2 ocr)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration="${1:-15}"
@@ -39,17 +43,22 @@ key=$("$bin" keys create --name bench --tier enterprise --rpm 100000000 --json |
 bodies() {
   local per_request="$1"
   python3 - "$per_request" "$key" <<'PY'
-import json, sys
+import base64, json, os, sys
 per, key = int(sys.argv[1]), sys.argv[2]
-if per == 0:
+if per < 0:
+    png = base64.b64encode(open(os.environ["BENCH_IMAGE"], "rb").read()).decode()
+    texts, per = [], 1
+    reqs = [[{"type": "image", "base64": "data:image/png;base64," + png}]]
+elif per == 0:
     texts, per = ["Thanks for the quick reply, see you at the meeting tomorrow!"], 1
 else:
     texts = [json.loads(l)["text"] for l in open("benches/texts/mixed.jsonl", encoding="utf-8")]
     texts = texts[: len(texts) // per * per]
-reqs = [texts[i:i + per] for i in range(0, len(texts), per)]
+if texts:
+    reqs = [[{"type": "text", "text": t} for t in texts[i:i + per]] for i in range(0, len(texts), per)]
 chars = sum(len(t) for t in texts) / len(reqs)
 print(f"-- {chars:.1f}")
-bodies = [json.dumps({"input": [{"type": "text", "text": t} for t in r]}) for r in reqs]
+bodies = [json.dumps({"input": r}) for r in reqs]
 print('wrk.method = "POST"')
 print('wrk.headers["Content-Type"] = "application/json"')
 print(f'wrk.headers["X-API-Key"] = "{key}"')
@@ -64,7 +73,8 @@ run() {
   bodies "$per_request" > "$work/post.lua"
   local chars
   chars=$(head -1 "$work/post.lua" | cut -d' ' -f2)
-  MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" "$bin" serve &
+  MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" \
+    MODERATO_OCR__ENABLED="$([[ $per_request -lt 0 ]] && echo true || echo false)" "$bin" serve &
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
@@ -84,6 +94,9 @@ for w in $workloads; do
            run null 18082 0 "one short text item a request" ;;
     mixed1) run "$classifier" 18083 1 "mixed-length texts, one a request" ;;
     mixed8) run "$classifier" 18084 8 "mixed-length texts, eight a request" ;;
-    *) echo "unknown workload $w (short, mixed1, mixed8)" >&2; exit 1 ;;
+    ocr) export BENCH_IMAGE="$work/screenshot.png"
+         cargo run --quiet --example ocr_screenshot -- "$BENCH_IMAGE"
+         run "$classifier" 18085 -1 "one 1024x768 screenshot with ten lines of text a request, OCR on" ;;
+    *) echo "unknown workload $w (short, mixed1, mixed8, ocr)" >&2; exit 1 ;;
   esac
 done

@@ -13,19 +13,7 @@ use moderato::moderation::Deadline;
 
 #[path = "../tests/support/render_text.rs"]
 mod render;
-
-pub const SCREENSHOT_LINES: [&str; 10] = [
-    "Re: invoice 4721 for the March order",
-    "Hi Sam, thanks for sending the files over yesterday.",
-    "The totals look right to me, except line 3 ($129.99).",
-    "Could you check whether the discount was applied?",
-    "We also need the delivery address for the Berlin office.",
-    "The meeting is moved to Friday at 9:30 in room 2.",
-    "Please bring your laptop and the charger this time.",
-    "Let me know if anything is unclear.",
-    "Best regards,",
-    "Alex",
-];
+use render::SCREENSHOT_LINES;
 
 fn limits() -> ReadLimits {
     ReadLimits {

@@ -66,6 +66,21 @@ pub fn text_width(font: &FontVec, text: &str, px: f32) -> f32 {
         .sum()
 }
 
+/// The ten lines of the OCR bench's screenshot (`benches/ocr.rs`, and the
+/// `ocr` workload of `benches/load.sh` through `examples/ocr_screenshot.rs`).
+pub const SCREENSHOT_LINES: [&str; 10] = [
+    "Re: invoice 4721 for the March order",
+    "Hi Sam, thanks for sending the files over yesterday.",
+    "The totals look right to me, except line 3 ($129.99).",
+    "Could you check whether the discount was applied?",
+    "We also need the delivery address for the Berlin office.",
+    "The meeting is moved to Friday at 9:30 in room 2.",
+    "Please bring your laptop and the charger this time.",
+    "Let me know if anything is unclear.",
+    "Best regards,",
+    "Alex",
+];
+
 /// One line of dark text on a light background, with a margin.
 pub fn line(text: &str, px: f32) -> RgbImage {
     let font = font();
