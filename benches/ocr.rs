@@ -1,7 +1,7 @@
 //! OCR costs: the detector alone on a 1024×768 picture without text (what
 //! every image pays), and reading a 1024×768 screenshot with ten lines of
-//! 18 px text (detector and recogniser). Needs the models
-//! (scripts/fetch-ocr.sh); skipped without them.
+//! 18 px text (detector and recogniser). Needs the models and the ONNX
+//! Runtime library (scripts/setup.sh); skipped without them.
 
 use std::hint::black_box;
 use std::path::PathBuf;

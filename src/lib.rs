@@ -256,7 +256,7 @@ fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrPa
                     .insert(dir.clone(), reader.clone());
                 reader
             }
-            Err(error @ OcrError::Missing { .. }) => {
+            Err(error @ (OcrError::Missing { .. } | OcrError::RuntimeMissing { .. })) => {
                 tracing::warn!(%error, "OCR is off: text inside images is not read");
                 return Ok(None);
             }

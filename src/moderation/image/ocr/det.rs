@@ -61,7 +61,7 @@ pub fn input_size(width: u32, height: u32, max_side: u32) -> (u32, u32) {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let side = side as u32;
         // At least 64: the detector's deepest maps are 1/32 of the input,
-        // and tract's convolutions underflow on maps of a single pixel.
+        // and convolutions underflow on maps of a single pixel (tract's did).
         (side.div_ceil(STRIDE) * STRIDE).max(2 * STRIDE)
     };
     (round(w), round(h))

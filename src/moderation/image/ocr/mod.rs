@@ -1,7 +1,11 @@
 //! Text inside images: PaddleOCR's PP-OCRv4 detector and recogniser
 //! (Apache-2.0, English and Chinese), as ONNX from the PyPI package
-//! rapidocr-onnxruntime 1.4.4 (`scripts/fetch-ocr.sh`), run with tract, a
-//! pure-Rust ONNX runtime (no native library to ship or load).
+//! rapidocr-onnxruntime 1.4.4 (`scripts/fetch-ocr.sh`), run with ONNX
+//! Runtime 1.32 through the `ort` crate. The runtime is a shared library
+//! from the PyPI wheel of onnxruntime (`scripts/fetch-onnxruntime.sh`),
+//! installed beside the models, checked against its pin and loaded at run
+//! time from there (nothing is linked at build time); on two cores it runs
+//! the detector more than ten times faster than tract did (README, OCR).
 //!
 //! Reading one image: the detector's probability map of text pixels (one
 //! pass over the image, scaled to at most `max_side`), the text boxes drawn
@@ -12,13 +16,15 @@
 pub mod det;
 pub mod rec;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use image::RgbImage;
+use ort::environment::Environment;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use ort::value::TensorRef;
 use sha2::{Digest, Sha256};
-use tract_onnx::prelude::*;
 
 use crate::moderation::deadline::{Deadline, DeadlineExceeded};
 use det::TextBox;
@@ -31,20 +37,26 @@ pub const RECOGNISER_FILE: &str = "ppocr/rec.onnx";
 const DETECTOR_SHA256: &str = "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9";
 const RECOGNISER_SHA256: &str = "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b";
 
+/// The ONNX Runtime library below the models directory, with its pinned
+/// sha256 (the same as in scripts/fetch-onnxruntime.sh).
+pub const RUNTIME_FILE: &str = "onnxruntime/libonnxruntime.so.1.32.0";
+const RUNTIME_SHA256: &str = "6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f";
+
+/// Threads each model's run uses. Images of concurrent requests are read
+/// at once, each by one thread: several threads per run would
+/// oversubscribe the 2-core servers under load (see the README, OCR).
+const INTRA_THREADS: usize = 1;
+
 /// Reported beside the other models' ids.
 pub const MODEL_ID: &str = "ppocrv4";
 
-/// Lines read together. One at a time: every batch size would need plans
-/// of its own (see [`WIDTH_STEP`]), and on two cores a batch is not faster.
+/// Lines read together. One at a time: on two cores a batch is not faster.
 const BATCH: usize = 1;
 
-/// The recogniser's widths are rounded up to multiples of this: its graph
-/// computes reshapes from its input's shape, which tract can only plan for
-/// a known width, so each width gets a plan of its own (made on first use
-/// and kept).
+/// The recogniser's widths are rounded up to multiples of this, the black
+/// padding after the line that its reading accuracy was measured with (a
+/// few widths also let ONNX Runtime reuse its buffers).
 const WIDTH_STEP: u32 = 160;
-
-type Plan = TypedSimplePlan<TypedModel>;
 
 /// Images with a side shorter than this hold no readable line (and the
 /// detector's convolutions need some room).
@@ -56,6 +68,10 @@ pub enum OcrError {
     Missing { path: PathBuf },
     #[error("the OCR model file {path} is unreadable or not the expected model ({reason}); delete it and run scripts/setup.sh (or scripts/fetch-ocr.sh)")]
     Corrupt { path: PathBuf, reason: String },
+    #[error("the ONNX Runtime library {path} is missing; run scripts/setup.sh (or scripts/fetch-onnxruntime.sh) to fetch it")]
+    RuntimeMissing { path: PathBuf },
+    #[error("the ONNX Runtime library {path} could not be loaded ({reason}); delete it and run scripts/setup.sh (or scripts/fetch-onnxruntime.sh)")]
+    RuntimeLoad { path: PathBuf, reason: String },
     #[error("OCR inference failed: {0}")]
     Inference(String),
     #[error(transparent)]
@@ -102,134 +118,49 @@ impl ReadText {
 
 /// The detector and recogniser, loaded and optimised once.
 pub struct Ocr {
-    /// The detector as loaded, and its plans by input (height, width):
-    /// tract runs a plan for known sides many times faster than one for
-    /// symbolic sides.
-    detector: InferenceModel,
-    det_plans: Mutex<HashMap<(usize, usize), Arc<Plan>>>,
-    det_path: PathBuf,
-    /// The recogniser as loaded, before its input's shape is fixed.
-    recogniser: InferenceModel,
-    /// Its plans by (lines, width).
-    plans: Mutex<HashMap<(usize, u32), Arc<Plan>>>,
+    /// A run needs the session to itself (`ort` takes it mutably): one image
+    /// at a time per model, the detector of one beside the recogniser of
+    /// another.
+    detector: Mutex<Session>,
+    recogniser: Mutex<Session>,
     dictionary: Dictionary,
-    rec_path: PathBuf,
 }
 
 impl Ocr {
-    /// Loads `<models_dir>/ppocr/{det,rec}.onnx`, checking their pins.
+    /// Loads `<models_dir>/ppocr/{det,rec}.onnx` with the ONNX Runtime
+    /// library `<models_dir>/onnxruntime/`, checking their pins.
+    ///
+    /// The library is loaded once per process: later loads check the pin of
+    /// their own copy but run on the library loaded first.
     pub fn load(models_dir: &Path) -> Result<Ocr, OcrError> {
         let det_path = models_dir.join(DETECTOR_FILE);
         let rec_path = models_dir.join(RECOGNISER_FILE);
         let det_bytes = read_pinned(&det_path, DETECTOR_SHA256)?;
         let rec_bytes = read_pinned(&rec_path, RECOGNISER_SHA256)?;
-        let corrupt = |path: &Path| {
-            let path = path.to_path_buf();
-            move |e: TractError| OcrError::Corrupt {
-                path: path.clone(),
-                reason: format!("{e:#}"),
-            }
-        };
-        let onnx = tract_onnx::onnx();
-        // Height and width stay symbolic: one optimised plan serves every
-        // image size and line width.
-        let detector = onnx
-            .model_for_read(&mut det_bytes.as_slice())
-            .map_err(corrupt(&det_path))?;
-        let proto = onnx
-            .proto_model_for_read(&mut rec_bytes.as_slice())
-            .map_err(corrupt(&rec_path))?;
-        let characters = proto
-            .metadata_props
-            .iter()
-            .find(|p| p.key == "character")
-            .map(|p| p.value.clone())
-            .ok_or_else(|| OcrError::Corrupt {
-                path: rec_path.clone(),
-                reason: "no `character` metadata".into(),
-            })?;
-        let dictionary = Dictionary::from_metadata(&characters).map_err(|e| OcrError::Corrupt {
+        let environment = environment(&models_dir.join(RUNTIME_FILE))?;
+        let detector = session(&environment, &det_path, &det_bytes)?;
+        let recogniser = session(&environment, &rec_path, &rec_bytes)?;
+        let corrupt = |reason: String| OcrError::Corrupt {
             path: rec_path.clone(),
-            reason: e.to_string(),
-        })?;
-        let recogniser = onnx
-            .model_for_proto_model(&proto)
-            .map_err(corrupt(&rec_path))?;
-        let ocr = Ocr {
-            detector,
-            det_plans: Mutex::default(),
-            det_path,
-            recogniser,
-            plans: Mutex::default(),
-            dictionary,
-            rec_path,
+            reason,
         };
-        // The commonest shape planned now, so that a broken model fails
-        // the start rather than the first image.
-        ocr.plan(1, WIDTH_STEP * 2)?;
-        Ok(ocr)
-    }
-
-    /// The detector's plan for an input of `height` × `width`.
-    fn det_plan(&self, height: usize, width: usize) -> Result<Arc<Plan>, OcrError> {
-        let key = (height, width);
-        if let Some(plan) = self
-            .det_plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return Ok(plan.clone());
-        }
-        let plan = self
-            .detector
-            .clone()
-            .with_input_fact(0, f32::fact([1, 3, height, width]).into())
-            .and_then(|model| model.into_optimized()?.into_runnable())
-            .map_err(|e| OcrError::Corrupt {
-                path: self.det_path.clone(),
-                reason: format!("{e:#}"),
-            })?;
-        let plan = Arc::new(plan);
-        self.det_plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, plan.clone());
-        Ok(plan)
-    }
-
-    /// The recogniser's plan for `lines` lines of `width` pixels.
-    fn plan(&self, lines: usize, width: u32) -> Result<Arc<Plan>, OcrError> {
-        let key = (lines, width);
-        if let Some(plan) = self
-            .plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return Ok(plan.clone());
-        }
-        let shape = [lines, 3, rec::HEIGHT as usize, width as usize];
-        let plan = self
-            .recogniser
-            .clone()
-            .with_input_fact(0, f32::fact(shape).into())
-            .and_then(|model| model.into_optimized()?.into_runnable())
-            .map_err(|e| OcrError::Corrupt {
-                path: self.rec_path.clone(),
-                reason: format!("{e:#}"),
-            })?;
-        let plan = Arc::new(plan);
-        self.plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, plan.clone());
-        Ok(plan)
+        let characters = recogniser
+            .metadata()
+            .map_err(|e| corrupt(e.to_string()))?
+            .custom("character")
+            .ok_or_else(|| corrupt("no `character` metadata".into()))?;
+        let dictionary =
+            Dictionary::from_metadata(&characters).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Ocr {
+            detector: Mutex::new(detector),
+            recogniser: Mutex::new(recogniser),
+            dictionary,
+        })
     }
 
     /// Reads the text of `image`, stopping at `deadline`. `None`: no text.
-    /// A panic inside the runtime (tract checks its arithmetic in debug
-    /// builds) is an `Inference` error, never the caller's panic.
+    /// A panic in the wrapper around the runtime is an `Inference` error,
+    /// never the caller's panic.
     pub fn read(
         &self,
         image: &RgbImage,
@@ -281,10 +212,11 @@ impl Ocr {
     pub fn detect(&self, image: &RgbImage, limits: &ReadLimits) -> Result<Vec<TextBox>, OcrError> {
         let input = det::prepare(image, limits.max_side);
         let (w, h) = (input.width as usize, input.height as usize);
-        let tensor = Tensor::from_shape(&[1, 3, h, w], &input.data).map_err(inference)?;
-        let plan = self.det_plan(h, w)?;
-        let output = plan.run(tvec!(tensor.into())).map_err(inference)?;
-        let map = output[0].as_slice::<f32>().map_err(inference)?;
+        let tensor =
+            TensorRef::from_array_view(([1, 3, h, w], input.data.as_slice())).map_err(inference)?;
+        let mut detector = lock(&self.detector);
+        let output = detector.run(ort::inputs![tensor]).map_err(inference)?;
+        let (_, map) = output[0].try_extract_tensor::<f32>().map_err(inference)?;
         if map.len() != w * h {
             return Err(OcrError::Inference(format!(
                 "the detector's map has {} values for a {w}×{h} input",
@@ -319,11 +251,12 @@ impl Ocr {
             rec::sample_line(image, &boxes[i], width, stride, out);
         }
         let tensor =
-            Tensor::from_shape(&[batch.len(), 3, height, stride], &data).map_err(inference)?;
-        let plan = self.plan(batch.len(), padded)?;
-        let output = plan.run(tvec!(tensor.into())).map_err(inference)?;
-        let probs = output[0].to_array_view::<f32>().map_err(inference)?;
-        let shape = probs.shape();
+            TensorRef::from_array_view(([batch.len(), 3, height, stride], data.as_slice()))
+                .map_err(inference)?;
+        let mut recogniser = lock(&self.recogniser);
+        let output = recogniser.run(ort::inputs![tensor]).map_err(inference)?;
+        let (shape, flat) = output[0].try_extract_tensor::<f32>().map_err(inference)?;
+        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
         if shape.len() != 3 || shape[0] != batch.len() || shape[2] != self.dictionary.len() {
             return Err(OcrError::Inference(format!(
                 "the recogniser returned shape {shape:?} for {} lines of {} classes",
@@ -332,9 +265,6 @@ impl Ocr {
             )));
         }
         let per_line = shape[1] * shape[2];
-        let flat = probs.as_slice().ok_or_else(|| {
-            OcrError::Inference("the recogniser's output is not contiguous".into())
-        })?;
         Ok(flat
             .chunks_exact(per_line)
             .map(|line| rec::decode(line, &self.dictionary))
@@ -342,8 +272,67 @@ impl Ocr {
     }
 }
 
-fn inference(e: TractError) -> OcrError {
-    OcrError::Inference(format!("{e:#}"))
+fn inference(e: ort::Error) -> OcrError {
+    OcrError::Inference(e.to_string())
+}
+
+/// The session, also after a panic while another thread held it (a run
+/// leaves nothing half-done in it).
+fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    session.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The process's ONNX Runtime environment, on the library at `library`
+/// (checked against its pin first). Made by the first load that succeeds;
+/// a failed one leaves nothing behind, so that a later load may succeed.
+fn environment(library: &Path) -> Result<Environment, OcrError> {
+    static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
+    // Read in full to check the pin, then loaded by path: a 35 MB read once
+    // at start, so that a truncated or swapped library is refused before
+    // the process maps it.
+    read_pinned(library, RUNTIME_SHA256).map_err(|e| match e {
+        OcrError::Missing { path } => OcrError::RuntimeMissing { path },
+        OcrError::Corrupt { path, reason } => OcrError::RuntimeLoad { path, reason },
+        other => other,
+    })?;
+    let mut environment = ENVIRONMENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(environment) = environment.as_ref() {
+        return Ok(environment.clone());
+    }
+    let load_error = |reason: String| OcrError::RuntimeLoad {
+        path: library.to_path_buf(),
+        reason,
+    };
+    // Absolute: `ort` would look for a relative path beside the executable.
+    let absolute = std::path::absolute(library).map_err(|e| load_error(e.to_string()))?;
+    let built = std::panic::catch_unwind(|| {
+        ort::init_from(&absolute)
+            .map_err(|e| e.to_string())?
+            .with_name("moderato-ocr")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .unwrap_or_else(|_| Err("the ONNX Runtime wrapper panicked".into()))
+    .map_err(load_error)?;
+    *environment = Some(built.clone());
+    Ok(built)
+}
+
+/// A session on the model `bytes`, read from `path`.
+fn session(environment: &Environment, path: &Path, bytes: &[u8]) -> Result<Session, OcrError> {
+    let corrupt = |e: ort::Error| OcrError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    Session::builder(environment)
+        .map_err(corrupt)?
+        .with_optimization_level(GraphOptimizationLevel::All)
+        .map_err(|e| corrupt(e.into()))?
+        .with_intra_threads(INTRA_THREADS)
+        .map_err(|e| corrupt(e.into()))?
+        .commit_from_memory(bytes)
+        .map_err(corrupt)
 }
 
 /// The file's bytes when its sha256 is `pinned`.

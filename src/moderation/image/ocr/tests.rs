@@ -54,6 +54,38 @@ fn a_missing_model_says_how_to_fetch_it() {
     assert!(error.to_string().contains("scripts/setup.sh"));
 }
 
+/// A models directory with the real OCR models and `library` (if any) as
+/// the ONNX Runtime library.
+fn models_without_runtime(library: Option<&[u8]>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ppocr")).unwrap();
+    for file in [DETECTOR_FILE, RECOGNISER_FILE] {
+        std::os::unix::fs::symlink(models_dir().join(file), dir.path().join(file)).unwrap();
+    }
+    if let Some(bytes) = library {
+        std::fs::create_dir(dir.path().join("onnxruntime")).unwrap();
+        std::fs::write(dir.path().join(RUNTIME_FILE), bytes).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_missing_runtime_library_says_how_to_fetch_it() {
+    let dir = models_without_runtime(None);
+    let error = Ocr::load(dir.path()).err().expect("missing");
+    assert!(matches!(error, OcrError::RuntimeMissing { .. }), "{error}");
+    assert!(error.to_string().contains("scripts/setup.sh"), "{error}");
+    assert!(error.to_string().contains(RUNTIME_FILE), "{error}");
+}
+
+#[test]
+fn a_wrong_runtime_library_is_refused_before_loading() {
+    let dir = models_without_runtime(Some(b"not a library"));
+    let error = Ocr::load(dir.path()).err().expect("refused");
+    assert!(matches!(error, OcrError::RuntimeLoad { .. }), "{error}");
+    assert!(error.to_string().contains("scripts/setup.sh"), "{error}");
+}
+
 #[test]
 fn reads_a_rendered_sentence() {
     let text = read(&render::line(
