@@ -21,9 +21,9 @@ INNER_DIR="rapidocr_onnxruntime/models"
 
 # installed name -> name inside the wheel, and installed name -> sha256 (the
 # same pins are in src/moderation/image/ocr, which checks them again at load).
-declare -A SOURCE=(
-  [det.onnx]="ch_PP-OCRv4_det_infer.onnx"
-  [rec.onnx]="ch_PP-OCRv4_rec_infer.onnx"
+declare -A MEMBER=(
+  [det.onnx]="$INNER_DIR/ch_PP-OCRv4_det_infer.onnx"
+  [rec.onnx]="$INNER_DIR/ch_PP-OCRv4_rec_infer.onnx"
 )
 declare -A FILE_SHA256=(
   [det.onnx]="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"
@@ -31,65 +31,7 @@ declare -A FILE_SHA256=(
 )
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MODELS_DIR="${MODERATO_MODELS_DIR:-$ROOT/models}"
-DEST="$MODELS_DIR/ppocr"
-
-die() {
-  echo "fetch-ocr: error: $*" >&2
-  exit 1
-}
-
-sha256_of() {
-  sha256sum "$1" | cut -d' ' -f1
-}
-
-all_files_ok() {
-  local name
-  for name in "${!FILE_SHA256[@]}"; do
-    [[ -f "$DEST/$name" ]] || return 1
-    [[ "$(sha256_of "$DEST/$name")" == "${FILE_SHA256[$name]}" ]] || return 1
-  done
-}
-
-if all_files_ok; then
-  echo "fetch-ocr: $DEST is up to date"
-  exit 0
-fi
-
-command -v sha256sum >/dev/null || die "sha256sum not found (install coreutils)"
-PYTHON="${PYTHON:-python3}"
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found; it is needed for pip and to unpack the wheel"
-"$PYTHON" -m pip --version >/dev/null 2>&1 || die "pip is not available for $PYTHON (install python3-pip)"
-
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-
-echo "fetch-ocr: downloading $PACKAGE==$VERSION from PyPI"
-"$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
-  "$PACKAGE==$VERSION" -d "$TMP" ||
-  die "pip download of $PACKAGE==$VERSION failed (is PyPI reachable?)"
-
-[[ -f "$TMP/$WHEEL" ]] || die "expected $WHEEL, pip saved: $(ls "$TMP")"
-actual="$(sha256_of "$TMP/$WHEEL")"
-[[ "$actual" == "$WHEEL_SHA256" ]] ||
-  die "checksum mismatch for $WHEEL: expected $WHEEL_SHA256, got $actual"
-
-mkdir -p "$DEST"
-for name in "${!FILE_SHA256[@]}"; do
-  "$PYTHON" - "$TMP/$WHEEL" "$INNER_DIR/${SOURCE[$name]}" "$TMP/$name" <<'PY' ||
-import shutil, sys, zipfile
-wheel, member, out = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-    die "could not extract ${SOURCE[$name]} from $WHEEL"
-  actual="$(sha256_of "$TMP/$name")"
-  [[ "$actual" == "${FILE_SHA256[$name]}" ]] ||
-    die "checksum mismatch for $name: expected ${FILE_SHA256[$name]}, got $actual"
-  # Move into place only once verified, so a failed run never leaves a
-  # half-written file that looks installed.
-  mv -f "$TMP/$name" "$DEST/$name"
-done
-
-all_files_ok || die "files in $DEST do not verify after install"
-echo "fetch-ocr: installed det.onnx, rec.onnx into $DEST"
+# shellcheck source=lib/wheel.sh
+source "$ROOT/scripts/lib/wheel.sh"
+fetch_from_wheel fetch-ocr "${MODERATO_MODELS_DIR:-$ROOT/models}/ppocr" \
+  "$PACKAGE" "$VERSION" "$WHEEL" "$WHEEL_SHA256" MEMBER FILE_SHA256
