@@ -234,17 +234,20 @@ mod tests {
         assert_eq!(line_width(&b(1e6, 24.0)), MAX_WIDTH);
     }
 
-    #[test]
-    fn sampling_an_axis_aligned_box_copies_its_pixels() {
+    /// A white 100 × 100 image with a black band across rows `rows`.
+    fn banded(rows: std::ops::Range<u32>) -> RgbImage {
         let mut image = RgbImage::from_pixel(100, 100, image::Rgb([255, 255, 255]));
-        for y in 40..60 {
+        for y in rows {
             for x in 0..100 {
                 image.put_pixel(x, y, image::Rgb([0, 0, 0]));
             }
         }
-        // Inside the dark band, 40 × 10 pixels, cut out 40 × 14 with the
-        // margin (still inside the band): 138 × 48 at 48 high.
-        let b = TextBox {
+        image
+    }
+
+    /// A level 40 × 10 box centred on (50, 50).
+    fn level_box() -> TextBox {
+        TextBox {
             cx: 50.0,
             cy: 50.0,
             cos: 1.0,
@@ -252,7 +255,15 @@ mod tests {
             length: 40.0,
             thickness: 10.0,
             score: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn sampling_an_axis_aligned_box_copies_its_pixels() {
+        let image = banded(40..60);
+        // Inside the dark band, 40 × 10 pixels, cut out 40 × 14 with the
+        // margin (still inside the band): 138 × 48 at 48 high.
+        let b = level_box();
         let width = line_width(&b);
         assert_eq!(width, 138);
         let stride = 160;
@@ -275,21 +286,8 @@ mod tests {
     fn lines_are_cut_out_with_a_margin_above_and_below() {
         // A dark band exactly as thick as the box: the crop's first and last
         // rows fall on the white above and below it, its middle on the band.
-        let mut image = RgbImage::from_pixel(100, 100, image::Rgb([255, 255, 255]));
-        for y in 45..55 {
-            for x in 0..100 {
-                image.put_pixel(x, y, image::Rgb([0, 0, 0]));
-            }
-        }
-        let b = TextBox {
-            cx: 50.0,
-            cy: 50.0,
-            cos: 1.0,
-            sin: 0.0,
-            length: 40.0,
-            thickness: 10.0,
-            score: 1.0,
-        };
+        let image = banded(45..55);
+        let b = level_box();
         let cut = crop(&b);
         assert_eq!((cut.cx, cut.cy, cut.length), (b.cx, b.cy, b.length));
         assert!((cut.thickness - 10.0 * (1.0 + 2.0 * LINE_MARGIN)).abs() < 1e-4);
