@@ -358,8 +358,9 @@ def validation_threshold(y, s, y_pool, s_pool, hard_negative_floor):
     the real texts cannot tell thresholds apart, the texts that share harm's
     vocabulary without being harmful decide (self-harm's validation F1 is
     0.48-0.51 from 0.25 to 0.90, and 0.32 flags a crisis-line message);
-    when none is, the tied threshold nearest the floor. Of what is left, the best F1 on the out-of-fold scores of the training
-    data decides. None when the validation labels have no positives."""
+    when none is, the tied threshold nearest the floor. Of what is left,
+    the best F1 on the out-of-fold scores of the training data decides.
+    None when the validation labels have no positives."""
     if y.sum() == 0 or y.sum() == len(y):
         return None
     scored = [(t, *f1_fpr(y, s, t)) for t in GRID]
@@ -381,7 +382,8 @@ def validation_threshold(y, s, y_pool, s_pool, hard_negative_floor):
 
 
 # MODERATO_TIES=pool: ties on the validation half broken by the training
-# data's F1 alone, as heads .7 were first chosen (for comparison).
+# data's F1 alone, the rule of the unshipped candidate 2026-11-25.7 (for
+# comparison).
 TIES_TO_HARD_NEGATIVES = os.environ.get("MODERATO_TIES", "hard_negatives") == "hard_negatives"
 
 
