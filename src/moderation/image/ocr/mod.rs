@@ -34,8 +34,8 @@ use rec::Dictionary;
 /// sha256 (the same as in scripts/fetch-ocr.sh).
 pub const DETECTOR_FILE: &str = "ppocr/det.onnx";
 pub const RECOGNISER_FILE: &str = "ppocr/rec.onnx";
-const DETECTOR_SHA256: &str = "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9";
-const RECOGNISER_SHA256: &str = "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b";
+const DETECTOR_SHA256: &str = "73c1e265a77131df4851356811d09e21f53765dd1faf19f299463de7d50bb57c";
+const RECOGNISER_SHA256: &str = "a72181818db1a0656453a6c1244696955b5ac72474dd791a1397085c809df700";
 
 /// The ONNX Runtime library below the models directory, with its pinned
 /// sha256 (the same as in scripts/fetch-onnxruntime.sh).
