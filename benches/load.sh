@@ -12,10 +12,11 @@
 #   mixed8  the same texts, eight a request (items + the combined text);
 #   ocr     one image item a request: the OCR bench's 1024x768 screenshot
 #           with ten lines of 18 px text (examples/ocr_screenshot.rs), with
-#           [ocr] enabled, so the figure is a whole request around a read.
+#           [ocr] enabled, so the figure is a whole request around a read;
+#   image   the same screenshot with [ocr] off: the request without the read.
 #
 #   benches/load.sh [duration_s=15] [connections=8] [workloads="short mixed1 mixed8"]
-# (the ocr workload runs when named: benches/load.sh 15 2 ocr)
+# (the ocr and image workloads run when named: benches/load.sh 15 1 "ocr image")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration="${1:-15}"
@@ -69,12 +70,12 @@ PY
 }
 
 run() {
-  local classifier="$1" port="$2" per_request="$3" label="$4"
+  local classifier="$1" port="$2" per_request="$3" label="$4" ocr="${5:-false}"
   bodies "$per_request" > "$work/post.lua"
   local chars
   chars=$(head -1 "$work/post.lua" | cut -d' ' -f2)
   MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" \
-    MODERATO_OCR__ENABLED="$([[ $per_request -lt 0 ]] && echo true || echo false)" "$bin" serve &
+    MODERATO_OCR__ENABLED="$ocr" "$bin" serve &
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
@@ -94,9 +95,13 @@ for w in $workloads; do
            run null 18082 0 "one short text item a request" ;;
     mixed1) run "$classifier" 18083 1 "mixed-length texts, one a request" ;;
     mixed8) run "$classifier" 18084 8 "mixed-length texts, eight a request" ;;
-    ocr) export BENCH_IMAGE="$work/screenshot.png"
+    ocr|image) export BENCH_IMAGE="$work/screenshot.png"
          cargo run --quiet --example ocr_screenshot -- "$BENCH_IMAGE"
-         run "$classifier" 18085 -1 "one 1024x768 screenshot with ten lines of text a request, OCR on" ;;
-    *) echo "unknown workload $w (short, mixed1, mixed8, ocr)" >&2; exit 1 ;;
+         if [[ "$w" == ocr ]]; then
+           run "$classifier" 18085 -1 "one 1024x768 screenshot with ten lines of text a request, OCR on" true
+         else
+           run "$classifier" 18086 -1 "one 1024x768 screenshot with ten lines of text a request, OCR off" false
+         fi ;;
+    *) echo "unknown workload $w (short, mixed1, mixed8, ocr, image)" >&2; exit 1 ;;
   esac
 done

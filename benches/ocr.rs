@@ -1,7 +1,8 @@
 //! OCR costs: the detector alone on a 1024×768 picture without text (what
 //! every image pays), and reading a 1024×768 screenshot with ten lines of
-//! 18 px text (detector and recogniser). Needs the models and the ONNX
-//! Runtime library (scripts/setup.sh); skipped without them.
+//! 18 px text (detector and recogniser), with one and with two threads per
+//! model run (`ocr.threads`). Needs the models and the ONNX Runtime library
+//! (scripts/setup.sh); skipped without them.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -27,11 +28,11 @@ fn bench(c: &mut Criterion) {
     let models = std::env::var_os("MODERATO_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("models"));
-    let ocr = match Ocr::load(&models) {
-        Ok(ocr) => ocr,
+    let load = |threads| match Ocr::load(&models, threads) {
+        Ok(ocr) => Some(ocr),
         Err(e) => {
             eprintln!("skipping the OCR benches: {e}");
-            return;
+            None
         }
     };
     let screenshot = render::screenshot(&SCREENSHOT_LINES);
@@ -41,12 +42,16 @@ fn bench(c: &mut Criterion) {
     let deadline = Deadline::distant();
     let mut group = c.benchmark_group("ocr");
     group.sample_size(20);
-    group.bench_function("detect_only_1024x768_no_text", |b| {
-        b.iter(|| black_box(ocr.read(&blank, &limits(), &deadline).unwrap()))
-    });
-    group.bench_function("read_1024x768_ten_lines", |b| {
-        b.iter(|| black_box(ocr.read(&screenshot, &limits(), &deadline).unwrap()))
-    });
+    for threads in [1, 2] {
+        let Some(ocr) = load(threads) else { return };
+        group.bench_function(
+            format!("detect_only_1024x768_no_text/{threads}_threads"),
+            |b| b.iter(|| black_box(ocr.read(&blank, &limits(), &deadline).unwrap())),
+        );
+        group.bench_function(format!("read_1024x768_ten_lines/{threads}_threads"), |b| {
+            b.iter(|| black_box(ocr.read(&screenshot, &limits(), &deadline).unwrap()))
+        });
+    }
     group.finish();
 }
 

@@ -126,7 +126,12 @@ pub struct OcrConfig {
     pub max_chars_per_image: usize,
     /// Characters read from all the images of one request together.
     pub max_chars_per_request: usize,
+    /// Threads each model run uses (ONNX Runtime's intra-op threads).
+    pub threads: usize,
 }
+
+/// Bounds of `ocr.threads`.
+pub const OCR_THREADS_RANGE: std::ops::RangeInclusive<usize> = 1..=64;
 
 /// Bounds of `ocr.max_side`: the detector needs 32 pixels, and a larger
 /// input costs time quadratically.
@@ -694,6 +699,13 @@ impl Config {
                 OCR_SIDE_RANGE.end()
             )));
         }
+        if !OCR_THREADS_RANGE.contains(&o.threads) {
+            return Err(ConfigError::Invalid(format!(
+                "ocr.threads must be between {} and {}",
+                OCR_THREADS_RANGE.start(),
+                OCR_THREADS_RANGE.end()
+            )));
+        }
         Ok(())
     }
 
@@ -1032,5 +1044,17 @@ mod tests {
             assert!(err.contains("violences"), "{err}");
             Ok(())
         });
+        for (key, value) in [
+            ("MODERATO_OCR__THREADS", "0"),
+            ("MODERATO_OCR__MAX_SIDE", "16"),
+        ] {
+            figment::Jail::expect_with(|jail| {
+                jail.set_env(key, value);
+                let err = Config::load(None).unwrap_err().to_string();
+                let named = key.trim_start_matches("MODERATO_").replace("__", ".");
+                assert!(err.contains(&named.to_lowercase()), "{err}");
+                Ok(())
+            });
+        }
     }
 }

@@ -233,27 +233,27 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
 /// fails the start.
 fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrParts>> {
     use moderation::image::ocr::{Ocr, OcrError, ReadLimits};
-    static CACHE: OnceLock<Mutex<HashMap<PathBuf, Arc<Ocr>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<(PathBuf, usize), Arc<Ocr>>>> = OnceLock::new();
     let o = &config.ocr;
     if !o.enabled {
         return Ok(None);
     }
     let cache = CACHE.get_or_init(Default::default);
-    let dir = &config.models_dir;
+    let key = (config.models_dir.clone(), o.threads);
     let cached = cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(dir)
+        .get(&key)
         .cloned();
     let reader = match cached {
         Some(reader) => reader,
-        None => match Ocr::load(dir) {
+        None => match Ocr::load(&key.0, o.threads) {
             Ok(reader) => {
                 let reader = Arc::new(reader);
                 cache
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(dir.clone(), reader.clone());
+                    .insert(key, reader.clone());
                 reader
             }
             Err(error @ (OcrError::Missing { .. } | OcrError::RuntimeMissing { .. })) => {

@@ -596,11 +596,6 @@ impl Engine {
                 .reserve(image.header.decode_bytes)
                 .await
                 .map_err(|e| EngineError::Busy(e.0))?;
-            let lane = if image.header.pixels() <= LIGHT_IMAGE_PIXELS {
-                Lane::Light
-            } else {
-                Lane::Heavy
-            };
             let (classifier, limits) = (classifier.clone(), self.image_limits.clone());
             let (index, format, bytes) = (image.index, image.format, image.bytes);
             let encoded = bytes.clone();
@@ -611,6 +606,13 @@ impl Engine {
                 };
                 (ocr.reader, limits)
             });
+            // Reading an image takes every core for a quarter of a second or
+            // more: never in the lane that keeps short texts quick.
+            let lane = if ocr.is_none() && image.header.pixels() <= LIGHT_IMAGE_PIXELS {
+                Lane::Light
+            } else {
+                Lane::Heavy
+            };
             let job_deadline = deadline.clone();
             let (scores, text) = self
                 .on_cpu(lane, deadline, move || {

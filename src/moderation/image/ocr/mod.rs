@@ -10,14 +10,15 @@
 //! Reading one image: the detector's probability map of text pixels (one
 //! pass over the image, scaled to at most `max_side`), the text boxes drawn
 //! from it ([`det`]), then each box cut out along its slope and read by the
-//! recogniser in batches of similar widths ([`rec`]). An image without text
-//! costs the detector's pass only.
+//! recogniser ([`rec`]), the lines shared out among `threads` workers. An
+//! image without text costs the detector's pass only.
 
 pub mod det;
 pub mod rec;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, TryLockError};
 
 use image::RgbImage;
 use ort::environment::Environment;
@@ -42,16 +43,8 @@ const RECOGNISER_SHA256: &str = "a72181818db1a0656453a6c1244696955b5ac72474dd791
 pub const RUNTIME_FILE: &str = "onnxruntime/libonnxruntime.so.1.32.0";
 const RUNTIME_SHA256: &str = "6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f";
 
-/// Threads each model's run uses. Images of concurrent requests are read
-/// at once, each by one thread: several threads per run would
-/// oversubscribe the 2-core servers under load (see the README, OCR).
-const INTRA_THREADS: usize = 1;
-
 /// Reported beside the other models' ids.
 pub const MODEL_ID: &str = "ppocrv4";
-
-/// Lines read together. One at a time: on two cores a batch is not faster.
-const BATCH: usize = 1;
 
 /// The recogniser's widths are rounded up to multiples of this, the black
 /// padding after the line that its reading accuracy was measured with (a
@@ -119,10 +112,14 @@ impl ReadText {
 /// The detector and recogniser, loaded and optimised once.
 pub struct Ocr {
     /// A run needs the session to itself (`ort` takes it mutably): one image
-    /// at a time per model, the detector of one beside the recogniser of
-    /// another.
+    /// at a time through the detector, its `threads` threads sharing each
+    /// pass.
     detector: Mutex<Session>,
-    recogniser: Mutex<Session>,
+    /// `threads` single-threaded sessions: an image's lines are read side by
+    /// side, one a session, which uses the cores better than one session
+    /// splitting each small line's convolutions between threads (see the
+    /// README, OCR speed).
+    recognisers: Vec<Mutex<Session>>,
     dictionary: Dictionary,
 }
 
@@ -131,20 +128,23 @@ impl Ocr {
     /// library `<models_dir>/onnxruntime/`, checking their pins.
     ///
     /// The library is loaded once per process: later loads check the pin of
-    /// their own copy but run on the library loaded first.
-    pub fn load(models_dir: &Path) -> Result<Ocr, OcrError> {
+    /// their own copy but run on the library loaded first. An image is read
+    /// by `threads` threads (`ocr.threads`).
+    pub fn load(models_dir: &Path, threads: usize) -> Result<Ocr, OcrError> {
         let det_path = models_dir.join(DETECTOR_FILE);
         let rec_path = models_dir.join(RECOGNISER_FILE);
         let det_bytes = read_pinned(&det_path, DETECTOR_SHA256)?;
         let rec_bytes = read_pinned(&rec_path, RECOGNISER_SHA256)?;
         let environment = environment(&models_dir.join(RUNTIME_FILE))?;
-        let detector = session(&environment, &det_path, &det_bytes)?;
-        let recogniser = session(&environment, &rec_path, &rec_bytes)?;
+        let detector = session(&environment, &det_path, &det_bytes, threads)?;
+        let recognisers = (0..threads.max(1))
+            .map(|_| session(&environment, &rec_path, &rec_bytes, 1))
+            .collect::<Result<Vec<_>, _>>()?;
         let corrupt = |reason: String| OcrError::Corrupt {
             path: rec_path.clone(),
             reason,
         };
-        let characters = recogniser
+        let characters = recognisers[0]
             .metadata()
             .map_err(|e| corrupt(e.to_string()))?
             .custom("character")
@@ -153,7 +153,7 @@ impl Ocr {
             Dictionary::from_metadata(&characters).map_err(|e| corrupt(e.to_string()))?;
         Ok(Ocr {
             detector: Mutex::new(detector),
-            recogniser: Mutex::new(recogniser),
+            recognisers: recognisers.into_iter().map(Mutex::new).collect(),
             dictionary,
         })
     }
@@ -187,22 +187,43 @@ impl Ocr {
     ) -> Result<Option<ReadText>, OcrError> {
         let boxes = self.detect(image, limits)?;
         deadline.check()?;
-        let mut lines = vec![String::new(); boxes.len()];
-        let mut chars = 0;
-        // Boxes of similar widths together, so that little of a batch is padding.
+        // The widest lines first, so that the workers finish together.
         let mut order: Vec<usize> = (0..boxes.len()).collect();
-        order.sort_by_key(|&i| rec::line_width(&boxes[i]));
-        for batch in order.chunks(BATCH) {
-            deadline.check()?;
-            let read = self.recognise(image, &boxes, batch)?;
-            for (&i, decoded) in batch.iter().zip(read) {
+        order.sort_by_key(|&i| std::cmp::Reverse(rec::line_width(&boxes[i])));
+        let next = AtomicUsize::new(0);
+        let chars = AtomicUsize::new(0);
+        // One worker's share: the next line nobody has taken, until none is
+        // left or enough characters were read.
+        let work = |worker: usize| -> Result<Vec<(usize, String)>, OcrError> {
+            let mut read = Vec::new();
+            while chars.load(Ordering::Relaxed) < limits.max_chars {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    break;
+                };
+                deadline.check()?;
+                let decoded = self.recognise(worker, image, &boxes[i])?;
                 if decoded.confidence >= rec::MIN_CONFIDENCE {
-                    chars += decoded.text.chars().count();
-                    lines[i] = decoded.text;
+                    chars.fetch_add(decoded.text.chars().count(), Ordering::Relaxed);
+                    read.push((i, decoded.text));
                 }
             }
-            if chars >= limits.max_chars {
-                break;
+            Ok(read)
+        };
+        let workers = self.recognisers.len().min(order.len()).max(1);
+        let shares = std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..workers).map(|w| scope.spawn(move || work(w))).collect();
+            let mut shares = vec![work(0)];
+            shares.extend(helpers.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(OcrError::Inference("the ONNX runtime panicked".into()))
+                })
+            }));
+            shares
+        });
+        let mut lines = vec![String::new(); boxes.len()];
+        for share in shares {
+            for (i, text) in share? {
+                lines[i] = text;
             }
         }
         Ok(ReadText::new(truncate_chars(lines, limits.max_chars)))
@@ -233,42 +254,46 @@ impl Ocr {
         ))
     }
 
-    /// Reads the boxes `batch` indexes, in one padded batch.
+    /// Reads the line of box `b`, on `worker`'s recogniser session when it
+    /// is free (another request's worker may hold it), else on any free one,
+    /// else waiting for `worker`'s.
     fn recognise(
         &self,
+        worker: usize,
         image: &RgbImage,
-        boxes: &[TextBox],
-        batch: &[usize],
-    ) -> Result<Vec<rec::Decoded>, OcrError> {
-        let widths: Vec<u32> = batch.iter().map(|&i| rec::line_width(&boxes[i])).collect();
-        let widest = widths.iter().copied().max().unwrap_or(8);
-        let padded = widest.div_ceil(WIDTH_STEP) * WIDTH_STEP;
-        let stride = padded as usize;
+        b: &TextBox,
+    ) -> Result<rec::Decoded, OcrError> {
+        let width = rec::line_width(b);
+        // Padded to a few widths: ONNX Runtime then reuses its buffers.
+        let stride = (width.div_ceil(WIDTH_STEP) * WIDTH_STEP) as usize;
         let height = rec::HEIGHT as usize;
-        let one = 3 * height * stride;
-        let mut data = vec![0f32; batch.len() * one];
-        for ((&i, &width), out) in batch.iter().zip(&widths).zip(data.chunks_exact_mut(one)) {
-            rec::sample_line(image, &boxes[i], width, stride, out);
-        }
-        let tensor =
-            TensorRef::from_array_view(([batch.len(), 3, height, stride], data.as_slice()))
-                .map_err(inference)?;
-        let mut recogniser = lock(&self.recogniser);
+        let mut data = vec![0f32; 3 * height * stride];
+        rec::sample_line(image, b, width, stride, &mut data);
+        let tensor = TensorRef::from_array_view(([1, 3, height, stride], data.as_slice()))
+            .map_err(inference)?;
+        let mut recogniser = self.free_recogniser(worker);
         let output = recogniser.run(ort::inputs![tensor]).map_err(inference)?;
-        let (shape, flat) = output[0].try_extract_tensor::<f32>().map_err(inference)?;
+        let (shape, probs) = output[0].try_extract_tensor::<f32>().map_err(inference)?;
         let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
-        if shape.len() != 3 || shape[0] != batch.len() || shape[2] != self.dictionary.len() {
+        if shape.len() != 3 || shape[0] != 1 || shape[2] != self.dictionary.len() {
             return Err(OcrError::Inference(format!(
-                "the recogniser returned shape {shape:?} for {} lines of {} classes",
-                batch.len(),
+                "the recogniser returned shape {shape:?} for a line of {} classes",
                 self.dictionary.len()
             )));
         }
-        let per_line = shape[1] * shape[2];
-        Ok(flat
-            .chunks_exact(per_line)
-            .map(|line| rec::decode(line, &self.dictionary))
-            .collect())
+        Ok(rec::decode(probs, &self.dictionary))
+    }
+
+    fn free_recogniser(&self, worker: usize) -> std::sync::MutexGuard<'_, Session> {
+        let n = self.recognisers.len();
+        for k in 0..n {
+            match self.recognisers[(worker + k) % n].try_lock() {
+                Ok(session) => return session,
+                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        lock(&self.recognisers[worker % n])
     }
 }
 
@@ -319,8 +344,15 @@ fn environment(library: &Path) -> Result<Environment, OcrError> {
     Ok(built)
 }
 
-/// A session on the model `bytes`, read from `path`.
-fn session(environment: &Environment, path: &Path, bytes: &[u8]) -> Result<Session, OcrError> {
+/// A session on the model `bytes`, read from `path`, whose runs use
+/// `threads` threads that sleep rather than spin between runs: the other
+/// model, another request's run and the text model need the cores then.
+fn session(
+    environment: &Environment,
+    path: &Path,
+    bytes: &[u8],
+    threads: usize,
+) -> Result<Session, OcrError> {
     let corrupt = |e: ort::Error| OcrError::Corrupt {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -329,7 +361,9 @@ fn session(environment: &Environment, path: &Path, bytes: &[u8]) -> Result<Sessi
         .map_err(corrupt)?
         .with_optimization_level(GraphOptimizationLevel::All)
         .map_err(|e| corrupt(e.into()))?
-        .with_intra_threads(INTRA_THREADS)
+        .with_intra_threads(threads)
+        .map_err(|e| corrupt(e.into()))?
+        .with_intra_op_spinning(false)
         .map_err(|e| corrupt(e.into()))?
         .commit_from_memory(bytes)
         .map_err(corrupt)

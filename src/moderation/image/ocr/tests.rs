@@ -14,7 +14,7 @@ fn models_dir() -> PathBuf {
 /// Loaded once for all the tests here (optimising the graphs takes a while).
 fn ocr() -> &'static Ocr {
     static OCR: OnceLock<Ocr> = OnceLock::new();
-    OCR.get_or_init(|| Ocr::load(&models_dir()).expect("run scripts/setup.sh"))
+    OCR.get_or_init(|| Ocr::load(&models_dir(), 2).expect("run scripts/setup.sh"))
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -49,7 +49,9 @@ fn read_text_is_never_empty() {
 
 #[test]
 fn a_missing_model_says_how_to_fetch_it() {
-    let error = Ocr::load(Path::new("/nonexistent")).err().expect("missing");
+    let error = Ocr::load(Path::new("/nonexistent"), 2)
+        .err()
+        .expect("missing");
     assert!(matches!(error, OcrError::Missing { .. }), "{error}");
     assert!(error.to_string().contains("scripts/setup.sh"));
 }
@@ -72,7 +74,7 @@ fn models_without_runtime(library: Option<&[u8]>) -> tempfile::TempDir {
 #[test]
 fn a_missing_runtime_library_says_how_to_fetch_it() {
     let dir = models_without_runtime(None);
-    let error = Ocr::load(dir.path()).err().expect("missing");
+    let error = Ocr::load(dir.path(), 2).err().expect("missing");
     assert!(matches!(error, OcrError::RuntimeMissing { .. }), "{error}");
     assert!(error.to_string().contains("scripts/setup.sh"), "{error}");
     assert!(error.to_string().contains(RUNTIME_FILE), "{error}");
@@ -81,7 +83,7 @@ fn a_missing_runtime_library_says_how_to_fetch_it() {
 #[test]
 fn a_wrong_runtime_library_is_refused_before_loading() {
     let dir = models_without_runtime(Some(b"not a library"));
-    let error = Ocr::load(dir.path()).err().expect("refused");
+    let error = Ocr::load(dir.path(), 2).err().expect("refused");
     assert!(matches!(error, OcrError::RuntimeLoad { .. }), "{error}");
     assert!(error.to_string().contains("scripts/setup.sh"), "{error}");
 }
