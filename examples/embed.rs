@@ -10,7 +10,9 @@
 //! in `window.tokens`) of each view (raw, and de-obfuscated when that
 //! differs). The input form and the chunk settings come from HEADS.json,
 //! by default the shipped heads. Models are read from `$MODERATO_MODELS_DIR`
-//! or `<repository>/models`.
+//! or `<repository>/models`. Heads trained on an encoder adapter (a
+//! candidate of `train/finetune_encoder.py`) get it from the file
+//! `$MODERATO_ENCODER_ADAPTER`.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -31,7 +33,14 @@ fn main() -> anyhow::Result<()> {
         None => SHIPPED_HEADS_JSON.to_string(),
     };
     let models = moderato::config::repository_models_dir();
-    let model = EmbeddingClassifier::load_with_heads(&models, &heads)?;
+    let model = match std::env::var_os("MODERATO_ENCODER_ADAPTER") {
+        Some(path) => {
+            let adapter = std::fs::read(&path)
+                .with_context(|| format!("reading {}", PathBuf::from(&path).display()))?;
+            EmbeddingClassifier::load_with_adapter(&models, &heads, Some(&adapter))?
+        }
+        None => EmbeddingClassifier::load_with_heads(&models, &heads)?,
+    };
 
     let reader = BufReader::new(
         std::fs::File::open(&input).with_context(|| format!("opening {}", input.display()))?,

@@ -80,16 +80,49 @@ def lexical_features(texts) -> np.ndarray:
         return np.fromfile(out, dtype="<f4").reshape(-1, LEX_DIM)
 
 
+# The encoder adapter (train/finetune_encoder.py) that new heads are trained
+# on: $MODERATO_ENCODER_ADAPTER names a candidate's file; unset, the base
+# encoder (no adapter is shipped, see eval/ABLATION-real.md).
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def training_adapter() -> "Path | None":
+    chosen = os.environ.get("MODERATO_ENCODER_ADAPTER")
+    return Path(chosen) if chosen else None
+
+
+def adapter_path(sha256: str) -> Path:
+    """The adapter file whose sha256 a heads file names: the candidate of
+    $MODERATO_ENCODER_ADAPTER."""
+    path = training_adapter()
+    if path is not None and path.exists() and _sha256(path) == sha256:
+        return path
+    sys.exit(f"no encoder adapter with sha256 {sha256}: set MODERATO_ENCODER_ADAPTER to its file")
+
+
+def with_adapter(heads: dict) -> dict:
+    """`heads` naming the training adapter (none: the base encoder)."""
+    heads = dict(heads)
+    heads.pop("encoder_adapter", None)
+    adapter = training_adapter()
+    if adapter is not None:
+        heads["encoder_adapter"] = _sha256(adapter)
+    return heads
+
+
 def heads_template(input_kind: str, window: dict) -> dict:
-    """A heads file with untrained weights, used only to tell `embed` the input form and windows."""
-    return {
+    """A heads file with untrained weights, used only to tell `embed` the input form, windows and encoder adapter."""
+    return with_adapter({
         "version": "template",
         "input": input_kind,
         "window": dict(window),
         "heads": {h: {"w": [0.0] * DIM, "lex": [0.0] * LEX_DIM, "b": 0.0} for h in HEADS},
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
-    }
+    })
 
 
 PIECE = 384  # texts per embed run: the store is saved after each, so an interrupted run resumes
@@ -105,6 +138,8 @@ ENCODER = "minilm-l6-int8-blocks32-chunks"
 def _store_path(config: dict, namespace: str) -> Path:
     key = {k: config[k] for k in ("input", "window")}
     key["encoder"] = ENCODER
+    if config.get("encoder_adapter"):
+        key["encoder_adapter"] = config["encoder_adapter"]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     prefix = "store" if namespace == "train" else f"store-{namespace}"
     return WORK / "cache" / f"{prefix}-{h}.pkl"
@@ -141,7 +176,11 @@ def _run_embed(texts, config: dict):
             for t in texts:
                 f.write(json.dumps({"text": t}) + "\n")
         heads.write_text(json.dumps(config))
-        subprocess.run([str(embed_bin()), str(jsonl), str(prefix), str(heads)], check=True, cwd=ROOT)
+        env = dict(os.environ)
+        env.pop("MODERATO_ENCODER_ADAPTER", None)
+        if config.get("encoder_adapter"):
+            env["MODERATO_ENCODER_ADAPTER"] = str(adapter_path(config["encoder_adapter"]))
+        subprocess.run([str(embed_bin()), str(jsonl), str(prefix), str(heads)], check=True, cwd=ROOT, env=env)
         vecs = np.fromfile(prefix.with_suffix(".f32"), dtype="<f4").reshape(-1, DIM)
         idx = np.fromfile(prefix.with_suffix(".idx"), dtype="<u4").astype(np.int64)
     return [vecs[idx == i] for i in range(len(texts))]

@@ -21,7 +21,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -457,14 +457,14 @@ def main():
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
-    out = {
+    out = with_adapter({
         "version": f"{datetime.date.today().isoformat()}.{REVISION}",
         "input": SHIPPED_INPUT,
         "window": dict(WINDOW),
         "heads": heads,
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
-    }
+    })
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))
     harms = [c for c in CATEGORIES if c != "sexual/minors"]

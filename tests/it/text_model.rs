@@ -386,3 +386,59 @@ fn evidence_lies_inside_its_texts() {
         }
     }
 }
+
+/// An adapter of rank 1 on layer 0's query weights: `b` all `value`.
+fn query_adapter(value: f32) -> Vec<u8> {
+    use candle_core::{Device, Tensor};
+    let a = Tensor::ones((1, 384), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let b = (Tensor::ones((384, 1), candle_core::DType::F32, &Device::Cpu).unwrap()
+        * f64::from(value))
+    .unwrap();
+    let name = "encoder.layer.0.attention.self.query.weight";
+    let tensors = std::collections::HashMap::from([
+        (format!("{name}.lora_a"), a),
+        (format!("{name}.lora_b"), b),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("adapter.safetensors");
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// The shipped heads as if trained on the adapter `bytes`.
+fn heads_on(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut heads: serde_json::Value = serde_json::from_str(SHIPPED_HEADS_JSON).unwrap();
+    heads["encoder_adapter"] = hex::encode(Sha256::digest(bytes)).into();
+    heads.to_string()
+}
+
+#[test]
+fn heads_trained_on_an_encoder_adapter_get_exactly_that_adapter() {
+    let text = "I will find you after school.";
+    let base = model().embed_windows(&[text]).unwrap();
+    let (zero, nudged) = (query_adapter(0.0), query_adapter(0.01));
+
+    let err = EmbeddingClassifier::load_with_adapter(&models_dir(), &heads_on(&zero), None)
+        .err()
+        .expect("heads that name an adapter need it");
+    assert!(err.to_string().contains("was not given"), "{err}");
+    let err =
+        EmbeddingClassifier::load_with_adapter(&models_dir(), &heads_on(&zero), Some(&nudged))
+            .err()
+            .expect("another adapter is refused");
+    assert!(
+        err.to_string().contains("trained with the encoder adapter"),
+        "{err}"
+    );
+
+    // A zero delta serves the base encoder; a nudge to one layer changes the embedding.
+    let with_zero =
+        EmbeddingClassifier::load_with_adapter(&models_dir(), &heads_on(&zero), Some(&zero))
+            .unwrap();
+    assert_eq!(with_zero.embed_windows(&[text]).unwrap(), base);
+    let with_nudge =
+        EmbeddingClassifier::load_with_adapter(&models_dir(), &heads_on(&nudged), Some(&nudged))
+            .unwrap();
+    assert_ne!(with_nudge.embed_windows(&[text]).unwrap(), base);
+}

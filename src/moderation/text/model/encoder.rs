@@ -11,6 +11,7 @@ use candle_nn::VarBuilder;
 use int8_matmul::ops;
 use tokenizers::Tokenizer;
 
+use super::adapter::Adapter;
 use super::bert::{Bert, Config, Precision, Workspace};
 use super::cache::EmbeddingCache;
 use super::files::{read_verified, ModelFile};
@@ -69,11 +70,17 @@ pub struct MiniLm {
 impl MiniLm {
     /// Loads and checksum-verifies `dir/{config.json,tokenizer.json,model.safetensors}`,
     /// with the dense layers in 8-bit blocks.
-    pub fn load(dir: &Path) -> Result<MiniLm, TextModelError> {
-        MiniLm::load_with(dir, Precision::Int8)
+    /// With `adapter`, its low-rank deltas are added to the base weights
+    /// before they are quantised.
+    pub fn load(dir: &Path, adapter: Option<&Adapter>) -> Result<MiniLm, TextModelError> {
+        MiniLm::load_with(dir, Precision::Int8, adapter)
     }
 
-    fn load_with(dir: &Path, precision: Precision) -> Result<MiniLm, TextModelError> {
+    fn load_with(
+        dir: &Path,
+        precision: Precision,
+        adapter: Option<&Adapter>,
+    ) -> Result<MiniLm, TextModelError> {
         let config_bytes = read_verified(dir, ModelFile::Config)?;
         let tokenizer_bytes = read_verified(dir, ModelFile::Tokenizer)?;
         let weights = read_verified(dir, ModelFile::Weights)?;
@@ -94,7 +101,14 @@ impl MiniLm {
         };
         let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
 
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)?;
+        let vb = match adapter {
+            None => VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)?,
+            Some(adapter) => {
+                let mut tensors = candle_core::safetensors::load_buffer(&weights, &Device::Cpu)?;
+                adapter.apply(&mut tensors)?;
+                VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu)
+            }
+        };
         let model = Bert::load(vb, &config, precision)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .thread_name(|i| format!("minilm-{i}"))
@@ -460,9 +474,9 @@ mod tests {
 
     #[test]
     fn our_forward_pass_matches_candles_bert_and_int8_stays_close() {
-        let f32_model = MiniLm::load_with(&models_dir(), Precision::F32).unwrap();
+        let f32_model = MiniLm::load_with(&models_dir(), Precision::F32, None).unwrap();
         let reference = reference_embeddings(&f32_model);
-        let int8_model = MiniLm::load_with(&models_dir(), Precision::Int8).unwrap();
+        let int8_model = MiniLm::load_with(&models_dir(), Precision::Int8, None).unwrap();
         for ((text, r), (f, q)) in SENTENCES
             .iter()
             .zip(&reference)
@@ -477,7 +491,7 @@ mod tests {
 
     #[test]
     fn sentences_are_packed_into_chunks_and_long_ones_windowed() {
-        let model = MiniLm::load(&models_dir()).unwrap();
+        let model = MiniLm::load(&models_dir(), None).unwrap();
         let cfg = WindowConfig {
             tokens: 16,
             stride: 10,
@@ -509,7 +523,7 @@ mod tests {
 
     #[test]
     fn each_chunk_knows_the_text_it_covers() {
-        let model = MiniLm::load(&models_dir()).unwrap();
+        let model = MiniLm::load(&models_dir(), None).unwrap();
         let cfg = WindowConfig {
             tokens: 16,
             stride: 10,
@@ -534,7 +548,7 @@ mod tests {
 
     #[test]
     fn edges_are_the_first_and_last_tokens() {
-        let model = MiniLm::load(&models_dir()).unwrap();
+        let model = MiniLm::load(&models_dir(), None).unwrap();
         let text = "I know where you live and I will k";
         assert_eq!(model.edges(text, 3).unwrap(), ("I know where", "I will k"));
         assert_eq!(model.edges("short", 3).unwrap(), ("short", "short"));
@@ -555,7 +569,7 @@ mod tests {
 
     #[test]
     fn a_window_embeds_the_same_alone_and_in_a_mixed_batch() {
-        let model = MiniLm::load(&models_dir()).unwrap();
+        let model = MiniLm::load(&models_dir(), None).unwrap();
         let cfg = WindowConfig {
             tokens: 256,
             stride: 192,

@@ -55,6 +55,10 @@ struct HeadsFile {
     thresholds: HashMap<String, f32>,
     #[serde(default)]
     parents: Vec<(String, String)>,
+    /// The sha256 of the encoder adapter the heads were trained on; absent
+    /// for heads trained on the base encoder.
+    #[serde(default)]
+    encoder_adapter: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -108,6 +112,9 @@ pub struct Heads {
     pub version: String,
     pub input: InputKind,
     pub window: WindowConfig,
+    /// The sha256 of the encoder adapter these heads read the embeddings of
+    /// (see [`super::adapter`]); `None`: the base encoder.
+    pub encoder_adapter: Option<String>,
     /// Indexed by category; `None` for `sexual/minors`, which is composed.
     learnt: Vec<Option<Head>>,
     minor: Head,
@@ -159,6 +166,7 @@ impl Heads {
                 tokens: file.window.tokens,
                 stride: file.window.stride,
             },
+            encoder_adapter: file.encoder_adapter,
             learnt,
             minor,
             thresholds,

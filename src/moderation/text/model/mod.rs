@@ -15,6 +15,7 @@
 //! the combined text of a request is scored from its items' chunks plus
 //! the few chunks that straddle item boundaries.
 
+mod adapter;
 mod bert;
 mod cache;
 mod encoder;
@@ -91,13 +92,36 @@ impl EmbeddingClassifier {
         EmbeddingClassifier::load_with_heads(models_dir, SHIPPED_HEADS_JSON)
     }
 
-    /// Like [`EmbeddingClassifier::load`] with other heads (training, tests).
+    /// Like [`EmbeddingClassifier::load`] with other heads (training, tests)
+    /// trained on the base encoder.
     pub fn load_with_heads(
         models_dir: &Path,
         heads_json: &str,
     ) -> Result<EmbeddingClassifier, TextModelError> {
+        EmbeddingClassifier::load_with_adapter(models_dir, heads_json, None)
+    }
+
+    /// Like [`EmbeddingClassifier::load_with_heads`] with the encoder adapter
+    /// `adapter` (a candidate in training, see [`adapter`]). The heads say
+    /// whether they were trained on an adapter and which: `adapter` is used
+    /// when it is that one and refused when the heads name another; heads
+    /// that name none get the base encoder.
+    pub fn load_with_adapter(
+        models_dir: &Path,
+        heads_json: &str,
+        adapter: Option<&[u8]>,
+    ) -> Result<EmbeddingClassifier, TextModelError> {
         let heads = Heads::parse(heads_json)?;
-        let encoder = MiniLm::load(&models_dir.join(MINILM_DIR))?;
+        let adapter = match (&heads.encoder_adapter, adapter) {
+            (None, _) => None,
+            (Some(sha256), Some(bytes)) => Some(adapter::Adapter::verified(bytes, sha256)?),
+            (Some(sha256), None) => {
+                return Err(TextModelError::Invalid(format!(
+                    "the heads were trained with the encoder adapter {sha256}, which was not given"
+                )))
+            }
+        };
+        let encoder = MiniLm::load(&models_dir.join(MINILM_DIR), adapter.as_ref())?;
         Ok(EmbeddingClassifier {
             encoder,
             heads,
