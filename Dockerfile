@@ -16,7 +16,9 @@ COPY config ./config
 COPY assets ./assets
 COPY scripts ./scripts
 RUN cargo build --release --locked --bin moderato
-RUN MODERATO_MODELS_DIR=/models scripts/setup.sh
+# The OCR models as published (ppocr/source/) are only the input of their
+# rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones.
+RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source
 
 FROM debian:bookworm-slim
 RUN apt-get update \
