@@ -233,7 +233,10 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
 /// fails the start.
 fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrParts>> {
     use moderation::image::ocr::{Ocr, OcrError, ReadLimits};
-    static CACHE: OnceLock<Mutex<HashMap<(PathBuf, usize), Arc<Ocr>>>> = OnceLock::new();
+    /// Loaded readers by models directory and threads: apps built in one
+    /// process (the tests) share them.
+    type Readers = HashMap<(PathBuf, usize), Arc<Ocr>>;
+    static CACHE: OnceLock<Mutex<Readers>> = OnceLock::new();
     let o = &config.ocr;
     if !o.enabled {
         return Ok(None);
