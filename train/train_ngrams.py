@@ -161,7 +161,8 @@ def main():
     oof = np.zeros((len(rows), len(HEADS)))
     extra_idx = np.arange(len(rows), n)
     for k, (tr, te) in enumerate(KFold(FOLDS, shuffle=True, random_state=SEED).split(np.arange(len(rows)))):
-        model = fit(X[np.concatenate([tr, extra_idx])], labels[np.concatenate([tr, extra_idx])], weights[np.concatenate([tr, extra_idx])])
+        fold = np.concatenate([tr, extra_idx])
+        model = fit(X[fold], labels[fold], weights[fold])
         in_te = np.isin(owner, te)
         oof[te] = strongest(logits(XW[in_te], model), owner[in_te], len(rows))[te]
         print(f"ngrams: fold {k + 1}/{FOLDS}", file=sys.stderr)
