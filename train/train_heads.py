@@ -21,7 +21,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -42,7 +42,7 @@ C_GRID = (0.5, 2.0, 8.0)
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 8  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 7  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -99,23 +99,12 @@ def load_rows():
     texts = [r["text"] for r in rows]
     vecs, idx = embed_texts(texts, config(), "train")
     lex = lexical_features(texts)
-    lex[:, TERM_LIST_DIM:] = NGRAM_FEATURE_SCALE * ngram_out_of_fold(rows)
     if os.environ.get("MODERATO_NO_LEXICAL") == "1":
         lex = np.zeros_like(lex)
     X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
     chunks = Chunks.of_embeddings(vecs, idx, lex)
     chunks.weight = np.array([r.get("weight", 1.0) for r in rows])
     return rows, X, lex, chunks
-
-
-def ngram_out_of_fold(rows):
-    """The n-gram logits of the training rows from models that did not see
-    them (train_ngrams.py): the shipped model has learnt these rows, and
-    heads trained on its logits for them would trust it too far."""
-    oof = np.load(WORK / "ngram_oof.npy")
-    if len(oof) != len(rows):
-        sys.exit("train/out/ngram_oof.npy is not of this dataset: run train_ngrams.py after prepare.py")
-    return oof
 
 
 def design(X, chunks, texts, y):
@@ -475,7 +464,6 @@ def main():
         "heads": heads,
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
-        "ngram_model": ngram_model_sha256(),
     })
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))

@@ -35,7 +35,6 @@ use heads::Heads;
 
 use super::evidence::{combined_lexicon_evidence, lexicon_evidence};
 use super::lexical::LexicalClassifier;
-use super::ngrams::{self, NgramModel, SHIPPED_NGRAM_MODEL};
 use super::normalize::{self, normalize_traced, OffsetMap, Options, Repeats};
 use crate::moderation::category::{CategoryScores, Thresholds};
 use crate::moderation::classifier::{
@@ -85,7 +84,6 @@ pub struct EmbeddingClassifier {
     encoder: MiniLm,
     heads: Heads,
     lexical: LexicalClassifier,
-    ngrams: NgramModel,
 }
 
 impl EmbeddingClassifier {
@@ -113,30 +111,7 @@ impl EmbeddingClassifier {
         heads_json: &str,
         adapter: Option<&[u8]>,
     ) -> Result<EmbeddingClassifier, TextModelError> {
-        EmbeddingClassifier::load_with_parts(models_dir, heads_json, adapter, SHIPPED_NGRAM_MODEL)
-    }
-
-    /// Like [`EmbeddingClassifier::load_with_adapter`] with the n-gram model
-    /// `ngram_model` (a candidate in training) in place of the shipped one.
-    /// Heads that name the n-gram model they were trained on (its sha256)
-    /// refuse another.
-    pub fn load_with_parts(
-        models_dir: &Path,
-        heads_json: &str,
-        adapter: Option<&[u8]>,
-        ngram_model: &[u8],
-    ) -> Result<EmbeddingClassifier, TextModelError> {
         let heads = Heads::parse(heads_json)?;
-        if let Some(expected) = &heads.ngram_model {
-            let actual = ngrams::sha256_hex(ngram_model);
-            if *expected != actual {
-                return Err(TextModelError::Invalid(format!(
-                    "the heads were trained with the n-gram model {expected}, not {actual}"
-                )));
-            }
-        }
-        let ngrams =
-            NgramModel::parse(ngram_model).map_err(|e| TextModelError::Invalid(e.to_string()))?;
         let adapter = match (&heads.encoder_adapter, adapter) {
             (None, _) => None,
             (Some(sha256), Some(bytes)) => Some(adapter::Adapter::verified(bytes, sha256)?),
@@ -151,7 +126,6 @@ impl EmbeddingClassifier {
             encoder,
             heads,
             lexical: LexicalClassifier::new(),
-            ngrams,
         })
     }
 
@@ -253,14 +227,12 @@ impl EmbeddingClassifier {
         let scores = embedded
             .iter()
             .zip(items)
-            .map(|(e, text)| {
-                self.text_scores(e, &LexicalFeatures::of(&self.lexical, &self.ngrams, text))
-            })
+            .map(|(e, text)| self.text_scores(e, &LexicalFeatures::of(&self.lexical, text)))
             .collect();
         let combined = [items.join("\n"), items.concat()]
             .iter()
             .map(|joined| {
-                let lexical = LexicalFeatures::of(&self.lexical, &self.ngrams, joined);
+                let lexical = LexicalFeatures::of(&self.lexical, joined);
                 self.text_scores(embedded.iter().flatten(), &lexical)
             })
             .reduce(|a, b| a.max_with(&b));
@@ -340,7 +312,7 @@ impl EmbeddingClassifier {
         let embedded = self.embed_grouped(&groups, deadline)?;
         let lexical: Vec<LexicalFeatures> = items
             .iter()
-            .map(|t| LexicalFeatures::of(&self.lexical, &self.ngrams, t))
+            .map(|t| LexicalFeatures::of(&self.lexical, t))
             .collect();
 
         let mut scores = Vec::with_capacity(items.len());
@@ -365,7 +337,7 @@ impl EmbeddingClassifier {
         }
 
         let together = [items.join("\n"), items.concat()]
-            .map(|joined| LexicalFeatures::of(&self.lexical, &self.ngrams, &joined));
+            .map(|joined| LexicalFeatures::of(&self.lexical, &joined));
         let combined = together
             .iter()
             .map(|lexical| self.text_scores(embedded.iter().flatten(), lexical))
@@ -494,10 +466,7 @@ impl EmbeddingClassifier {
             .iter()
             .zip(texts)
             .map(|(chunks, text)| {
-                self.text_scores(
-                    chunks,
-                    &LexicalFeatures::of(&self.lexical, &self.ngrams, text),
-                )
+                self.text_scores(chunks, &LexicalFeatures::of(&self.lexical, text))
             })
             .collect())
     }
