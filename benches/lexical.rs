@@ -1,6 +1,8 @@
-//! Normalise + lexical score, for a short message and a 2,000-character text.
+//! Normalise + lexical score, and the n-gram layer's logits, for a short
+//! message and a 2,000-character text.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use moderato::moderation::text::ngrams::NgramModel;
 use moderato::moderation::text::normalize;
 use moderato::moderation::{LexicalClassifier, TextClassifier};
 
@@ -35,6 +37,14 @@ fn bench(c: &mut Criterion) {
         b.iter(|| lc.score_batch(black_box(&[long.as_str()])).map(|v| v.len()))
     });
     c.bench_function("LexicalClassifier::new", |b| b.iter(LexicalClassifier::new));
+    let ngrams = NgramModel::shipped();
+    let (short, long) = (normalize(SHORT), normalize(&long));
+    c.bench_function("ngram logits short", |b| {
+        b.iter(|| ngrams.logits(black_box(&short)))
+    });
+    c.bench_function("ngram logits 2000 chars", |b| {
+        b.iter(|| ngrams.logits(black_box(&long)))
+    });
 }
 
 criterion_group!(benches, bench);

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use moderato::moderation::text::model::{EmbeddingClassifier, SHIPPED_HEADS_JSON};
+use moderato::moderation::text::ngrams::SHIPPED_NGRAM_MODEL;
 
 const CHUNK: usize = 256;
 
@@ -33,14 +34,14 @@ fn main() -> anyhow::Result<()> {
         None => SHIPPED_HEADS_JSON.to_string(),
     };
     let models = moderato::config::repository_models_dir();
-    let model = match std::env::var_os("MODERATO_ENCODER_ADAPTER") {
-        Some(path) => {
-            let adapter = std::fs::read(&path)
-                .with_context(|| format!("reading {}", PathBuf::from(&path).display()))?;
-            EmbeddingClassifier::load_with_adapter(&models, &heads, Some(&adapter))?
-        }
-        None => EmbeddingClassifier::load_with_heads(&models, &heads)?,
-    };
+    let adapter = read_env_file("MODERATO_ENCODER_ADAPTER")?;
+    let ngrams = read_env_file("MODERATO_NGRAM_MODEL")?;
+    let model = EmbeddingClassifier::load_with_parts(
+        &models,
+        &heads,
+        adapter.as_deref(),
+        ngrams.as_deref().unwrap_or(SHIPPED_NGRAM_MODEL),
+    )?;
 
     let reader = BufReader::new(
         std::fs::File::open(&input).with_context(|| format!("opening {}", input.display()))?,
@@ -75,4 +76,18 @@ fn main() -> anyhow::Result<()> {
     vecs.flush()?;
     idx.flush()?;
     Ok(())
+}
+
+/// The file named by the environment variable `name`, if it is set (a
+/// candidate encoder adapter or n-gram model in training).
+fn read_env_file(name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    match std::env::var_os(name) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            Ok(Some(std::fs::read(&path).with_context(|| {
+                format!("reading {} ({name})", path.display())
+            })?))
+        }
+        None => Ok(None),
+    }
 }

@@ -4,11 +4,14 @@
 //! Usage: `cargo run --example lexical_features -- IN.jsonl OUT.lex`
 //! IN.jsonl has one `{"text": "..."}` object per line. Writes OUT.lex:
 //! little-endian f32, one row of `LEXICAL_FEATURES` values per input line.
+//! The n-gram logits come from the shipped n-gram model, or from the file
+//! `$MODERATO_NGRAM_MODEL` (a candidate of `train/train_ngrams.py`).
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 
 use anyhow::{bail, Context};
 use moderato::moderation::text::model::LexicalFeatures;
+use moderato::moderation::text::ngrams::NgramModel;
 use moderato::moderation::LexicalClassifier;
 
 fn main() -> anyhow::Result<()> {
@@ -18,6 +21,13 @@ fn main() -> anyhow::Result<()> {
         _ => bail!("usage: lexical_features IN.jsonl OUT.lex"),
     };
     let lexical = LexicalClassifier::new();
+    let candidate = match std::env::var_os("MODERATO_NGRAM_MODEL") {
+        Some(path) => Some(NgramModel::parse(
+            &std::fs::read(&path).with_context(|| format!("reading {path:?}"))?,
+        )?),
+        None => None,
+    };
+    let ngrams = candidate.as_ref().unwrap_or_else(|| NgramModel::shipped());
     let reader =
         BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);
     let mut out = BufWriter::new(
@@ -30,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         let Some(text) = value.get("text").and_then(|t| t.as_str()) else {
             bail!("line {} has no \"text\" string", n + 1);
         };
-        for x in LexicalFeatures::of(&lexical, text).values() {
+        for x in LexicalFeatures::of(&lexical, ngrams, text).values() {
             out.write_all(&x.to_le_bytes())?;
         }
     }

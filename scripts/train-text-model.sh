@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces assets/text-model/heads.json from ../shared/datasets/train (beside the repository) and
+# Reproduces assets/text-model/heads.json and ngrams.bin from ../shared/datasets/train (beside the repository) and
 # train/data: fetches the encoder, builds the `embed` example (the same Rust
 # code that serves), prepares the data, trains, calibrates and picks
 # thresholds. Scratch files go to train/out/ (git-ignored).
@@ -15,9 +15,10 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/pip install --quiet -r train/requirements.txt
 
-cargo build --quiet --example embed --example lexical_features
+cargo build --quiet --example embed --example lexical_features --example ngram_terms
 
 cd train
 ../.venv/bin/python prepare.py
+../.venv/bin/python train_ngrams.py
 ../.venv/bin/python train_heads.py
 echo "train-text-model: done; run scripts/evaluate-text-model.sh for the report"

@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DATASETS = Path(os.environ.get("MODERATO_DATASETS", ROOT.parent / "shared" / "datasets"))
 WORK = ROOT / "train" / "out"  # git-ignored scratch: prepared data, embedding cache
 HEADS_PATH = ROOT / "assets" / "text-model" / "heads.json"
+# The n-gram model the heads read (train_ngrams.py writes it; the next build
+# compiles it in). The Rust examples read this file rather than the one
+# compiled into them, so a model just trained is the one measured.
+NGRAM_MODEL_PATH = Path(os.environ.setdefault("MODERATO_NGRAM_MODEL", str(ROOT / "assets" / "text-model" / "ngrams.bin")))
 
 CATEGORIES = [
     "harassment",
@@ -45,9 +49,12 @@ PARENTS = [
 ]
 DIM = 384
 # Lexical features appended to the embedding by the heads: the lexical layer's
-# 11 category scores (CATEGORIES order) and its minor signal, computed on the
-# whole text by the Rust `lexical_features` example (as served).
-LEX_DIM = len(CATEGORIES) + 1
+# 11 category scores (CATEGORIES order) and its minor signal, then the n-gram
+# model's logit of every head (HEADS order) times NGRAM_FEATURE_SCALE,
+# computed on the whole text by the Rust `lexical_features` example (as served).
+TERM_LIST_DIM = len(CATEGORIES) + 1
+NGRAM_FEATURE_SCALE = 0.25  # as NGRAM_FEATURE_SCALE in src/moderation/text/model/heads.rs
+LEX_DIM = TERM_LIST_DIM + len(HEADS)
 
 
 def dedup_key(text: str) -> str:
@@ -58,14 +65,22 @@ def dedup_key(text: str) -> str:
     return t.strip()
 
 
-def embed_bin() -> Path:
+def examples_dir() -> Path:
     # MODERATO_EXAMPLES_DIR: binaries of another build (e.g. the previous
     # release's, to measure the heads before a change on their own pipeline).
-    return Path(os.environ.get("MODERATO_EXAMPLES_DIR", ROOT / "target" / "debug" / "examples")) / "embed"
+    return Path(os.environ.get("MODERATO_EXAMPLES_DIR", ROOT / "target" / "debug" / "examples"))
+
+
+def embed_bin() -> Path:
+    return examples_dir() / "embed"
 
 
 def lexical_bin() -> Path:
-    return Path(os.environ.get("MODERATO_EXAMPLES_DIR", ROOT / "target" / "debug" / "examples")) / "lexical_features"
+    return examples_dir() / "lexical_features"
+
+
+def ngram_model_sha256() -> str:
+    return _sha256(NGRAM_MODEL_PATH)
 
 
 def lexical_features(texts) -> np.ndarray:
@@ -224,7 +239,8 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None):
     for i, c in enumerate(names):
         spec = heads["heads"]["minor" if c == "sexual/minors" else c]
         W[i] = spec["w"]
-        U[i] = spec.get("lex") or [0.0] * LEX_DIM
+        weights = spec.get("lex") or []
+        U[i, : len(weights)] = weights  # heads of before the n-gram model have TERM_LIST_DIM
         b[i] = spec["b"]
     z = vecs @ W.T + b
     if lex is not None:

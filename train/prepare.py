@@ -71,6 +71,13 @@ SOURCE_WEIGHTS = json.loads(
     )
 )
 
+# The labelled real texts the heads leave out (above) but the n-gram model
+# learns from: Toxic Spans' comments and Davidson's tweets are the register of
+# the validation half's web comments, and through the n-gram model's logits
+# their vocabulary reaches the heads without their labels pulling the
+# embedding heads (eval/ABLATION-real.md, 2026-11-26 evening).
+NGRAM_ONLY_SOURCES = {"real:toxic_spans", "real:davidson"}
+
 
 def real():
     if not REAL_LABELS.exists() or os.environ.get("MODERATO_NO_REAL") == "1":
@@ -273,6 +280,9 @@ def main():
         w = SOURCE_WEIGHTS.get(r["source"], 1.0)
         if w != 1.0:
             r["weight"] = w
+    # Sources the heads leave out may still teach the n-gram model
+    # (train_ngrams.py): kept aside, deduplicated like the rest.
+    ngram_only = [r for r in rows if r["source"] in NGRAM_ONLY_SOURCES]
     rows = [r for r in rows if r.get("weight", 1.0) > 0]
     rows, dropped_brief = drop_brief_examples(rows)
     print(f"prepare: {dropped_brief} hand-written rows dropped as near-copies of the briefs' examples")
@@ -312,6 +322,16 @@ def main():
     with open(WORK / "dataset.jsonl", "w") as f:
         for r in kept:
             f.write(json.dumps(r) + "\n")
+    extra = 0
+    with open(WORK / "ngram_extra.jsonl", "w") as f:
+        for r in ngram_only:
+            k = dedup_key(r["text"])
+            if k and k not in eval_keys and k not in seen:
+                seen.add(k)
+                r.pop("weight", None)
+                f.write(json.dumps(r) + "\n")
+                extra += 1
+    print(f"prepare: {extra} more real texts for the n-gram model only ({', '.join(sorted(NGRAM_ONLY_SOURCES))})")
     print(f"prepare: {len(kept)} texts ({dropped_eval} dropped as evaluation duplicates, {dropped_dup} as internal duplicates)")
     pos = Counter()
     for r in kept:

@@ -21,7 +21,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -38,11 +38,22 @@ FPR_BUDGETS = np.geomspace(0.002, 0.05, 24)  # per-category budgets tried, large
 EMBED_DUP_COSINE = 0.95  # written rows closer than this to an earlier one are near-copies
 NEAR_DUP_COSINE = 0.9
 C_GRID = (0.5, 2.0, 8.0)
+# Heads that read the n-gram logits: those the validation half labels
+# enough to choose them on. The n-gram model learnt the real texts'
+# vocabulary; a head that leans on it loses what the embedding carries where
+# the words are masked, split across items or diluted in a long text. With
+# every head reading it (heads .8, not shipped) the threat heads, which the
+# validation half cannot see (no harassment/threatening labels), missed
+# "I swear I will m*rder you tonight" and flagged the fragment "ll you".
+# So the threat children, the self-harm children and the minor signal stay
+# on the embedding and the term lists (their n-gram weights are 0).
+# MODERATO_NGRAM_HEADS (comma-separated) overrides the list.
+NGRAM_HEADS = os.environ.get("MODERATO_NGRAM_HEADS", "harassment,hate,sexual,violence,self-harm,violence/graphic").split(",")
 # What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 7  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 9  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -99,12 +110,23 @@ def load_rows():
     texts = [r["text"] for r in rows]
     vecs, idx = embed_texts(texts, config(), "train")
     lex = lexical_features(texts)
+    lex[:, TERM_LIST_DIM:] = NGRAM_FEATURE_SCALE * ngram_out_of_fold(rows)
     if os.environ.get("MODERATO_NO_LEXICAL") == "1":
         lex = np.zeros_like(lex)
     X = np.hstack([text_level_mean(vecs, idx, len(rows)), lex])
     chunks = Chunks.of_embeddings(vecs, idx, lex)
     chunks.weight = np.array([r.get("weight", 1.0) for r in rows])
     return rows, X, lex, chunks
+
+
+def ngram_out_of_fold(rows):
+    """The n-gram logits of the training rows from models that did not see
+    them (train_ngrams.py): the shipped model has learnt these rows, and
+    heads trained on its logits for them would trust it too far."""
+    oof = np.load(WORK / "ngram_oof.npy")
+    if len(oof) != len(rows):
+        sys.exit("train/out/ngram_oof.npy is not of this dataset: run train_ngrams.py after prepare.py")
+    return oof
 
 
 def design(X, chunks, texts, y):
@@ -167,6 +189,17 @@ def drop_embedding_near_copies(rows, X):
             else:
                 kept.append(j)
     return keep
+
+
+def without_ngrams(X, chunks):
+    """`X` and `chunks` with the n-gram logits zeroed: for heads outside
+    NGRAM_HEADS, whose n-gram weights then stay 0."""
+    X = X.copy()
+    X[:, DIM + TERM_LIST_DIM:] = 0.0
+    out = Chunks(chunks.F.copy(), np.zeros(0, int), 0)
+    out.F[:, DIM + TERM_LIST_DIM:] = 0.0
+    out.weight, out.counts, out.starts = chunks.weight, chunks.counts, chunks.starts
+    return X, out
 
 
 def fit_head(X, chunks, tr, ytr, cal, ycal):
@@ -446,14 +479,16 @@ def main():
     rng = np.random.default_rng(SEED)
 
     heads, report = {}, {}
+    plain = without_ngrams(X, chunks)
     for h in HEADS:
+        X_h, chunks_h = (X, chunks) if h in NGRAM_HEADS else plain
         lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
         known = ~np.isnan(lab)
         tr, cal = known & (split == "train"), known & (split == "calib")
         tr_i, cal_i = np.where(tr)[0], np.where(cal)[0]
-        spec, C, ap, platt = fit_head(X, chunks, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int))
+        spec, C, ap, platt = fit_head(X_h, chunks_h, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int))
         heads[h] = spec
-        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X, chunks, pool, lab[pool], split[pool] == "train", rng)
+        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X_h, chunks_h, pool, lab[pool], split[pool] == "train", rng)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
@@ -464,6 +499,7 @@ def main():
         "heads": heads,
         "thresholds": {c: 0.5 for c in CATEGORIES},
         "parents": PARENTS,
+        "ngram_model": ngram_model_sha256(),
     })
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))

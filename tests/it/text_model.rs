@@ -442,3 +442,59 @@ fn heads_trained_on_an_encoder_adapter_get_exactly_that_adapter() {
             .unwrap();
     assert_ne!(with_nudge.embed_windows(&[text]).unwrap(), base);
 }
+
+#[test]
+fn shipped_heads_read_the_shipped_ngram_model_and_refuse_another() {
+    use moderato::moderation::text::ngrams::SHIPPED_NGRAM_MODEL;
+    let heads: serde_json::Value = serde_json::from_str(SHIPPED_HEADS_JSON).unwrap();
+    let named = heads["ngram_model"]
+        .as_str()
+        .expect("the shipped heads name their n-gram model");
+    assert_eq!(
+        named,
+        moderato::moderation::text::ngrams::sha256_hex(SHIPPED_NGRAM_MODEL)
+    );
+
+    // The same terms with one weight changed: a model the heads were not trained on.
+    let mut other = SHIPPED_NGRAM_MODEL.to_vec();
+    let last = other.len() - 1;
+    other[last] ^= 1;
+    let err = EmbeddingClassifier::load_with_parts(&models_dir(), SHIPPED_HEADS_JSON, None, &other)
+        .err()
+        .expect("heads refuse an n-gram model they were not trained on");
+    assert!(err.to_string().contains("n-gram model"), "{err}");
+}
+
+#[test]
+fn the_ngram_layer_reads_web_insults_and_the_served_model_flags_them() {
+    use moderato::moderation::text::model::LexicalFeatures;
+    use moderato::moderation::text::ngrams::NgramModel;
+    use moderato::moderation::LexicalClassifier;
+    // The n-gram logits follow the term lists' 12 features; harassment is
+    // the first learnt head.
+    let harassment_logit = |text: &str| {
+        LexicalFeatures::of(&LexicalClassifier::new(), NgramModel::shipped(), text).values()
+            [Category::ALL.len() + 1]
+    };
+    let kind = [
+        "these people are volunteers and should be thanked",
+        "what a great article, the author knows the subject",
+    ];
+    for text in kind {
+        assert_clean(text);
+    }
+    let kindest = kind
+        .map(harassment_logit)
+        .into_iter()
+        .fold(f32::MIN, f32::max);
+    for insult in [
+        "these people are scum and should be ashamed",
+        "what a clown, this guy is a total idiot",
+        "go back to your cave, troll",
+    ] {
+        let z = harassment_logit(insult);
+        // Scaled logits: 0.5 is a factor of e^2 in the odds.
+        assert!(z > kindest + 0.5, "{insult:?}: {z} vs {kindest}");
+        assert_flags(insult, Category::Harassment);
+    }
+}

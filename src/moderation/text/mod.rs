@@ -5,6 +5,7 @@
 pub(crate) mod evidence;
 pub mod lexical;
 pub mod model;
+pub mod ngrams;
 pub(crate) mod normalize;
 pub(crate) mod null;
 

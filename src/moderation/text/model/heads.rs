@@ -14,11 +14,20 @@ use super::encoder::{WindowConfig, EMBEDDING_DIM};
 use super::TextModelError;
 use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
 use crate::moderation::text::lexical::LexicalClassifier;
+use crate::moderation::text::ngrams::{NgramModel, NGRAM_HEADS};
 use crate::moderation::text::normalize::normalize;
 
-/// How many lexical features a head reads: the lexical layer's score of
-/// every category, then its minor signal.
-pub const LEXICAL_FEATURES: usize = NUM_CATEGORIES + 1;
+/// Features of the term lists: the lexical layer's score of every category,
+/// then its minor signal.
+const TERM_LIST_FEATURES: usize = NUM_CATEGORIES + 1;
+/// How many lexical features a head reads: the term lists' features, then
+/// the n-gram model's logits ([`NGRAM_FEATURE_SCALE`] of them). Heads of
+/// before the n-gram model have [`TERM_LIST_FEATURES`] weights; the rest are 0.
+pub const LEXICAL_FEATURES: usize = TERM_LIST_FEATURES + NGRAM_HEADS;
+/// The n-gram logits enter the heads scaled down, to the order of the term
+/// lists' scores (0..1), so one regularisation strength suits both
+/// (`train/train_ngrams.py` writes the same factor into what it trains on).
+pub const NGRAM_FEATURE_SCALE: f32 = 0.25;
 
 /// The lexical layer's view of a whole text, read by every window's heads:
 /// term lists catch spellings and slurs that the encoder's vocabulary
@@ -27,14 +36,21 @@ pub const LEXICAL_FEATURES: usize = NUM_CATEGORIES + 1;
 pub struct LexicalFeatures([f32; LEXICAL_FEATURES]);
 
 impl LexicalFeatures {
-    /// The features of `text` as received (the lexical layer normalises it).
-    pub fn of(lexical: &LexicalClassifier, text: &str) -> LexicalFeatures {
-        let (scores, minor) = lexical.features_and_minor_signal(&normalize(text));
+    /// The features of `text` as received (both layers read it normalised).
+    pub fn of(lexical: &LexicalClassifier, ngrams: &NgramModel, text: &str) -> LexicalFeatures {
+        let normalized = normalize(text);
+        let (scores, minor) = lexical.features_and_minor_signal(&normalized);
         let mut values = [0.0; LEXICAL_FEATURES];
         for c in Category::ALL {
             values[c.index()] = scores.get(c);
         }
         values[NUM_CATEGORIES] = minor;
+        for (v, z) in values[TERM_LIST_FEATURES..]
+            .iter_mut()
+            .zip(ngrams.logits(&normalized))
+        {
+            *v = NGRAM_FEATURE_SCALE * z;
+        }
         LexicalFeatures(values)
     }
 
@@ -59,6 +75,10 @@ struct HeadsFile {
     /// for heads trained on the base encoder.
     #[serde(default)]
     encoder_adapter: Option<String>,
+    /// The sha256 of the n-gram model whose logits the heads read; absent
+    /// for heads of before it.
+    #[serde(default)]
+    ngram_model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -115,6 +135,8 @@ pub struct Heads {
     /// The sha256 of the encoder adapter these heads read the embeddings of
     /// (see [`super::adapter`]); `None`: the base encoder.
     pub encoder_adapter: Option<String>,
+    /// The sha256 of the n-gram model the heads were trained on.
+    pub ngram_model: Option<String>,
     /// Indexed by category; `None` for `sexual/minors`, which is composed.
     learnt: Vec<Option<Head>>,
     minor: Head,
@@ -167,6 +189,7 @@ impl Heads {
                 stride: file.window.stride,
             },
             encoder_adapter: file.encoder_adapter,
+            ngram_model: file.ngram_model,
             learnt,
             minor,
             thresholds,
@@ -220,15 +243,20 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
             spec.w.len()
         )));
     }
-    let lex: [f32; LEXICAL_FEATURES] = match spec.lex {
-        None => [0.0; LEXICAL_FEATURES],
-        Some(lex) => lex.try_into().map_err(|lex: Vec<f32>| {
-            invalid(format!(
-                "head {name} has {} lexical weights, expected {LEXICAL_FEATURES}",
-                lex.len()
-            ))
-        })?,
-    };
+    let mut lex = [0.0; LEXICAL_FEATURES];
+    match spec.lex {
+        None => {}
+        Some(given) if given.len() == LEXICAL_FEATURES || given.len() == TERM_LIST_FEATURES => {
+            lex[..given.len()].copy_from_slice(&given);
+        }
+        Some(given) => {
+            return Err(invalid(format!(
+                "head {name} has {} lexical weights, expected {LEXICAL_FEATURES} \
+                 (or {TERM_LIST_FEATURES}, from before the n-gram model)",
+                given.len()
+            )))
+        }
+    }
     if !spec.b.is_finite() || spec.w.iter().chain(&lex).any(|w| !w.is_finite()) {
         return Err(invalid(format!("head {name} has a non-finite weight")));
     }
@@ -328,6 +356,11 @@ mod tests {
         v["thresholds"]["hate"] = serde_json::json!(1.5);
         assert!(Heads::parse(&v.to_string()).is_err());
         let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        v["heads"]["hate"]["lex"] = serde_json::json!(vec![0.5f32; TERM_LIST_FEATURES]);
+        assert!(
+            Heads::parse(&v.to_string()).is_ok(),
+            "heads of before the n-gram model load"
+        );
         v["heads"]["hate"]["lex"] = serde_json::json!([1.0, 2.0]);
         let err = Heads::parse(&v.to_string())
             .err()
@@ -343,9 +376,10 @@ mod tests {
         v["heads"]["hate"]["lex"] = serde_json::json!(lex);
         let heads = Heads::parse(&v.to_string()).unwrap();
         let lexical = LexicalClassifier::new();
+        let ngrams = NgramModel::shipped();
         let emb = vec![0.0f32; EMBEDDING_DIM];
-        let plain = LexicalFeatures::of(&lexical, "have a nice day");
-        let slur = LexicalFeatures::of(&lexical, "those people are subhuman vermin");
+        let plain = LexicalFeatures::of(&lexical, ngrams, "have a nice day");
+        let slur = LexicalFeatures::of(&lexical, ngrams, "those people are subhuman vermin");
         assert!(slur.values()[Category::Hate.index()] > 0.5, "{slur:?}");
         let before = heads.window_scores(&emb, &plain);
         let after = heads.window_scores(&emb, &slur);

@@ -35,6 +35,7 @@ use heads::Heads;
 
 use super::evidence::{combined_lexicon_evidence, lexicon_evidence};
 use super::lexical::LexicalClassifier;
+use super::ngrams::{self, NgramModel, SHIPPED_NGRAM_MODEL};
 use super::normalize::{self, normalize_traced, OffsetMap, Options, Repeats};
 use crate::moderation::category::{CategoryScores, Thresholds};
 use crate::moderation::classifier::{
@@ -84,6 +85,7 @@ pub struct EmbeddingClassifier {
     encoder: MiniLm,
     heads: Heads,
     lexical: LexicalClassifier,
+    ngrams: NgramModel,
 }
 
 impl EmbeddingClassifier {
@@ -111,7 +113,30 @@ impl EmbeddingClassifier {
         heads_json: &str,
         adapter: Option<&[u8]>,
     ) -> Result<EmbeddingClassifier, TextModelError> {
+        EmbeddingClassifier::load_with_parts(models_dir, heads_json, adapter, SHIPPED_NGRAM_MODEL)
+    }
+
+    /// Like [`EmbeddingClassifier::load_with_adapter`] with the n-gram model
+    /// `ngram_model` (a candidate in training) in place of the shipped one.
+    /// Heads that name the n-gram model they were trained on (its sha256)
+    /// refuse another.
+    pub fn load_with_parts(
+        models_dir: &Path,
+        heads_json: &str,
+        adapter: Option<&[u8]>,
+        ngram_model: &[u8],
+    ) -> Result<EmbeddingClassifier, TextModelError> {
         let heads = Heads::parse(heads_json)?;
+        if let Some(expected) = &heads.ngram_model {
+            let actual = ngrams::sha256_hex(ngram_model);
+            if *expected != actual {
+                return Err(TextModelError::Invalid(format!(
+                    "the heads were trained with the n-gram model {expected}, not {actual}"
+                )));
+            }
+        }
+        let ngrams =
+            NgramModel::parse(ngram_model).map_err(|e| TextModelError::Invalid(e.to_string()))?;
         let adapter = match (&heads.encoder_adapter, adapter) {
             (None, _) => None,
             (Some(sha256), Some(bytes)) => Some(adapter::Adapter::verified(bytes, sha256)?),
@@ -126,6 +151,7 @@ impl EmbeddingClassifier {
             encoder,
             heads,
             lexical: LexicalClassifier::new(),
+            ngrams,
         })
     }
 
@@ -227,12 +253,14 @@ impl EmbeddingClassifier {
         let scores = embedded
             .iter()
             .zip(items)
-            .map(|(e, text)| self.text_scores(e, &LexicalFeatures::of(&self.lexical, text)))
+            .map(|(e, text)| {
+                self.text_scores(e, &LexicalFeatures::of(&self.lexical, &self.ngrams, text))
+            })
             .collect();
         let combined = [items.join("\n"), items.concat()]
             .iter()
             .map(|joined| {
-                let lexical = LexicalFeatures::of(&self.lexical, joined);
+                let lexical = LexicalFeatures::of(&self.lexical, &self.ngrams, joined);
                 self.text_scores(embedded.iter().flatten(), &lexical)
             })
             .reduce(|a, b| a.max_with(&b));
@@ -312,7 +340,7 @@ impl EmbeddingClassifier {
         let embedded = self.embed_grouped(&groups, deadline)?;
         let lexical: Vec<LexicalFeatures> = items
             .iter()
-            .map(|t| LexicalFeatures::of(&self.lexical, t))
+            .map(|t| LexicalFeatures::of(&self.lexical, &self.ngrams, t))
             .collect();
 
         let mut scores = Vec::with_capacity(items.len());
@@ -337,7 +365,7 @@ impl EmbeddingClassifier {
         }
 
         let together = [items.join("\n"), items.concat()]
-            .map(|joined| LexicalFeatures::of(&self.lexical, &joined));
+            .map(|joined| LexicalFeatures::of(&self.lexical, &self.ngrams, &joined));
         let combined = together
             .iter()
             .map(|lexical| self.text_scores(embedded.iter().flatten(), lexical))
@@ -466,7 +494,10 @@ impl EmbeddingClassifier {
             .iter()
             .zip(texts)
             .map(|(chunks, text)| {
-                self.text_scores(chunks, &LexicalFeatures::of(&self.lexical, text))
+                self.text_scores(
+                    chunks,
+                    &LexicalFeatures::of(&self.lexical, &self.ngrams, text),
+                )
             })
             .collect())
     }
