@@ -6,7 +6,9 @@
 //! sentence embedding blurs into topic. Trained on real texts the encoder's
 //! heads never see (Toxic Spans and Davidson, labelled by our definitions),
 //! its logits are features of the heads ([`super::model::LexicalFeatures`]),
-//! which weigh them against the embedding per category.
+//! which weigh them against the embedding per category. Six heads read
+//! them; the threat and self-harm children and the minor signal do not, so
+//! a masked or buried threat still rests on the encoder.
 //!
 //! The model is trained by `train/train_ngrams.py` from the terms this module
 //! produces ([`for_each_term`], through the `ngram_terms` example), so

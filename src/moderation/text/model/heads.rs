@@ -21,8 +21,11 @@ use crate::moderation::text::normalize::normalize;
 /// then its minor signal.
 const TERM_LIST_FEATURES: usize = NUM_CATEGORIES + 1;
 /// How many lexical features a head reads: the term lists' features, then
-/// the n-gram model's logits ([`NGRAM_FEATURE_SCALE`] of them). Heads of
-/// before the n-gram model have [`TERM_LIST_FEATURES`] weights; the rest are 0.
+/// the n-gram model's logits (times [`NGRAM_FEATURE_SCALE`]). Heads of
+/// before the n-gram model have [`TERM_LIST_FEATURES`] weights; the rest are
+/// 0. So are the n-gram weights of the heads that must not lean on the
+/// words (the threat and self-harm children, the minor signal:
+/// `NGRAM_HEADS` in `train/train_heads.py` says why).
 pub const LEXICAL_FEATURES: usize = TERM_LIST_FEATURES + NGRAM_HEADS;
 /// The n-gram logits enter the heads scaled down, to the order of the term
 /// lists' scores (0..1), so one regularisation strength suits both
