@@ -11,6 +11,7 @@ the largest that keeps the any-category false-positive rate on the written
 hard negatives (harmless texts that share the vocabulary of harm) at or below
 TARGET_ANY_FPR. So `flagged` has a stated false-alarm rate a product can act on."""
 
+import copy
 import datetime
 import json
 import os
@@ -49,6 +50,7 @@ C_GRID = (0.5, 2.0, 8.0)
 # on the embedding and the term lists (their n-gram weights are 0).
 # MODERATO_NGRAM_HEADS (comma-separated) overrides the list.
 NGRAM_HEADS = os.environ.get("MODERATO_NGRAM_HEADS", "harassment,hate,sexual,violence,self-harm,violence/graphic").split(",")
+assert set(NGRAM_HEADS) <= set(HEADS), f"MODERATO_NGRAM_HEADS names no head: {sorted(set(NGRAM_HEADS) - set(HEADS))}"
 # What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
@@ -196,9 +198,9 @@ def without_ngrams(X, chunks):
     NGRAM_HEADS, whose n-gram weights then stay 0."""
     X = X.copy()
     X[:, DIM + TERM_LIST_DIM:] = 0.0
-    out = Chunks(chunks.F.copy(), np.zeros(0, int), 0)
+    out = copy.copy(chunks)
+    out.F = chunks.F.copy()
     out.F[:, DIM + TERM_LIST_DIM:] = 0.0
-    out.weight, out.counts, out.starts = chunks.weight, chunks.counts, chunks.starts
     return X, out
 
 
