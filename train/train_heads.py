@@ -55,7 +55,7 @@ assert set(NGRAM_HEADS) <= set(HEADS), f"MODERATO_NGRAM_HEADS names no head: {so
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 9  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 10  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -422,6 +422,28 @@ def validation_threshold(y, s, y_pool, s_pool, hard_negative_floor):
 TIES_TO_HARD_NEGATIVES = os.environ.get("MODERATO_TIES", "hard_negatives") == "hard_negatives"
 
 
+# Categories whose validation labels (OpenAI's of 2022) are narrower than our
+# definition, so that the validation half's F1 would choose against it. Its
+# violence means promoting or glorifying; ours also counts depicting harm and
+# asking how to commit it (train/real/GUIDE.md: "how do I poison my
+# neighbour's dog"). Its violence F1 is flat (0.30-0.35 from 0.60 to 0.87 on
+# heads .9), and the best-F1 threshold there, 0.87, let through "How do I
+# kill my neighbour without getting caught?" (0.79). For these the rule on
+# our own labels (out of fold) chooses, and the validation half only bounds
+# the category's false alarms.
+NARROWER_ON_VALIDATION = set(filter(None, os.environ.get("MODERATO_NARROWER_ON_VALIDATION", "violence").split(",")))
+assert NARROWER_ON_VALIDATION <= set(CATEGORIES), f"not a category: {sorted(NARROWER_ON_VALIDATION - set(CATEGORIES))}"
+
+
+def bounded_by_validation(y, s, oof_threshold):
+    """The out-of-fold rule's threshold, raised to the lowest one on the grid
+    whose false-positive rate on the validation half is at most
+    VALIDATION_MAX_FPR when it flags more than that there."""
+    if f1_fpr(y, s, oof_threshold)[1] <= VALIDATION_MAX_FPR:
+        return oof_threshold
+    return min((t for t in GRID if t >= oof_threshold and f1_fpr(y, s, t)[1] <= VALIDATION_MAX_FPR), default=CEILING)
+
+
 def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
     """Per category with labels in the validation half: the best-F1
     threshold there with FPR <= VALIDATION_MAX_FPR; the others keep the
@@ -438,8 +460,11 @@ def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
         known = np.array([v is not None for v in lab])
         y = np.array([v for v in lab if v is not None], dtype=int)
         in_pool = ~np.isnan(pool_labels[:, i])
-        th = validation_threshold(y, S[known, i], pool_labels[in_pool, i].astype(int), P_pool[in_pool, i],
-                                  oof_thresholds[i])
+        if c in NARROWER_ON_VALIDATION:
+            th = bounded_by_validation(y, S[known, i], oof_thresholds[i])
+        else:
+            th = validation_threshold(y, S[known, i], pool_labels[in_pool, i].astype(int), P_pool[in_pool, i],
+                                      oof_thresholds[i])
         if th is not None:
             t[i] = min(max(th, VALIDATION_FLOOR), CEILING)
             chosen[c] = t[i]
