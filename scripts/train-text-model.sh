@@ -20,9 +20,5 @@ cargo build --quiet --example embed --example lexical_features --example ngram_t
 cd train
 ../.venv/bin/python prepare.py
 ../.venv/bin/python train_ngrams.py
-# The n-gram model is compiled in: rebuild, so that the examples that score
-# the validation half for the thresholds read the model just written, not
-# the previous one.
-(cd .. && cargo build --quiet --example embed --example lexical_features --example ngram_terms)
 ../.venv/bin/python train_heads.py
 echo "train-text-model: done; run scripts/evaluate-text-model.sh for the report"
