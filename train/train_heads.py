@@ -446,9 +446,11 @@ def bounded_by_validation(y, s, oof_threshold):
 
 def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
     """Per category with labels in the validation half: the best-F1
-    threshold there with FPR <= VALIDATION_MAX_FPR; the others keep the
-    out-of-fold rule. Then every threshold is raised, as little as one
-    common budget allows, until the written safe prompts are flagged at most
+    threshold there with FPR <= VALIDATION_MAX_FPR, except those in
+    NARROWER_ON_VALIDATION, which keep the out-of-fold rule and are only
+    bounded there; the categories without labels keep the out-of-fold
+    rule. Then every threshold is raised, as little as one common budget
+    allows, until the written safe prompts are flagged at most
     SAFE_PROMPTS_MAX_FLAGGED (any category, out-of-fold scores)."""
     S, labels = validation_scores(out)
     t = np.array(oof_thresholds, dtype=float)
