@@ -3,25 +3,46 @@ mean per-category AUPRC, and flagged F1 / FPR / recall at each file's own
 thresholds, with 95 % intervals of the differences from 500 bootstrap
 resamples of the texts (as eval/ABLATION-chunks.md).
 
-Usage: python compare.py BEFORE.json AFTER.json [set,set,...]
-Sets default to the validation half, ToxicChat and the development set."""
+Usage: python compare.py BEFORE.json[:NGRAMS.bin] AFTER.json[:NGRAMS.bin] [set,set,...]
+Sets default to the validation half, ToxicChat and the development set.
+Each heads file is scored with the n-gram model it names (by sha256): the
+shipped `assets/text-model/ngrams.bin` unless a path follows the colon; a
+heads file that names another model is refused rather than scored with the
+wrong one (the examples read the model from MODERATO_NGRAM_MODEL)."""
 
+import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from common import CATEGORIES, apply_heads, decide, embed_texts, lexical_features
+from common import CATEGORIES, NGRAM_MODEL_PATH, apply_heads, decide, embed_texts, lexical_features
 import eval_sets
 from evaluate import sample_indices
 
 RESAMPLES = 500
 
 
+def load_heads(arg):
+    """A heads file and the n-gram model to score it with, from `HEADS.json[:NGRAMS.bin]`."""
+    heads_path, _, ngrams = arg.partition(":")
+    heads = json.loads(Path(heads_path).read_text())
+    ngrams = Path(ngrams) if ngrams else NGRAM_MODEL_PATH
+    named = heads.get("ngram_model")
+    if named and hashlib.sha256(ngrams.read_bytes()).hexdigest() != named:
+        sys.exit(f"compare: {heads_path} names n-gram model {named}, not {ngrams}'s; pass {heads_path}:PATH")
+    heads["_ngrams"] = str(ngrams)
+    return heads
+
+
 def scores(heads, texts, name):
-    cfg = dict(heads, input="raw")
+    if "_ngrams" in heads:
+        os.environ["MODERATO_NGRAM_MODEL"] = heads["_ngrams"]  # read by the examples embed_texts and lexical_features run
+    cfg = {k: v for k, v in heads.items() if k != "_ngrams"}
+    cfg = dict(cfg, input="raw")
     vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
     S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
     flags = decide(S, np.array([heads["thresholds"][c] for c in CATEGORIES]), heads.get("parents", []))
@@ -52,8 +73,7 @@ def figures(S, flags, labels, rows):
 
 
 def main():
-    before = json.loads(Path(sys.argv[1]).read_text())
-    after = json.loads(Path(sys.argv[2]).read_text())
+    before, after = load_heads(sys.argv[1]), load_heads(sys.argv[2])
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["validation", "toxicchat", "dev"]
     sets = eval_sets.load_all()
     rng = np.random.default_rng(20261125)
