@@ -10,7 +10,6 @@ shipped `assets/text-model/ngrams.bin` unless a path follows the colon; a
 heads file that names another model is refused rather than scored with the
 wrong one (the examples read the model from MODERATO_NGRAM_MODEL)."""
 
-import hashlib
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from common import CATEGORIES, NGRAM_MODEL_PATH, apply_heads, decide, embed_texts, lexical_features
+from common import CATEGORIES, NGRAM_MODEL_PATH, _sha256, apply_heads, decide, embed_texts, lexical_features
 import eval_sets
 from evaluate import sample_indices
 
@@ -32,17 +31,14 @@ def load_heads(arg):
     heads = json.loads(Path(heads_path).read_text())
     ngrams = Path(ngrams) if ngrams else NGRAM_MODEL_PATH
     named = heads.get("ngram_model")
-    if named and hashlib.sha256(ngrams.read_bytes()).hexdigest() != named:
+    if named and _sha256(ngrams) != named:
         sys.exit(f"compare: {heads_path} names n-gram model {named}, not {ngrams}'s; pass {heads_path}:PATH")
-    heads["_ngrams"] = str(ngrams)
-    return heads
+    return heads, ngrams
 
 
-def scores(heads, texts, name):
-    if "_ngrams" in heads:
-        os.environ["MODERATO_NGRAM_MODEL"] = heads["_ngrams"]  # read by the examples embed_texts and lexical_features run
-    cfg = {k: v for k, v in heads.items() if k != "_ngrams"}
-    cfg = dict(cfg, input="raw")
+def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH):
+    os.environ["MODERATO_NGRAM_MODEL"] = str(ngrams)  # read by the examples embed_texts and lexical_features run
+    cfg = dict(heads, input="raw")
     vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
     S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
     flags = decide(S, np.array([heads["thresholds"][c] for c in CATEGORIES]), heads.get("parents", []))
@@ -73,7 +69,7 @@ def figures(S, flags, labels, rows):
 
 
 def main():
-    before, after = load_heads(sys.argv[1]), load_heads(sys.argv[2])
+    (before, before_ngrams), (after, after_ngrams) = load_heads(sys.argv[1]), load_heads(sys.argv[2])
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["validation", "toxicchat", "dev"]
     sets = eval_sets.load_all()
     rng = np.random.default_rng(20261125)
@@ -85,8 +81,8 @@ def main():
         texts = [texts[i] for i in keep]
         labels = {c: [v[i] for i in keep] for c, v in labels.items()}
         labels = {c: [np.nan if x is None else x for x in v] for c, v in labels.items()}
-        Sb, Fb = scores(before, texts, name)
-        Sa, Fa = scores(after, texts, name)
+        Sb, Fb = scores(before, texts, name, before_ngrams)
+        Sa, Fa = scores(after, texts, name, after_ngrams)
         rows = np.arange(len(texts))
         b, a = figures(Sb, Fb, labels, rows), figures(Sa, Fa, labels, rows)
         diffs = {k: [] for k in a}
