@@ -3,12 +3,16 @@ mean per-category AUPRC, and flagged F1 / FPR / recall at each file's own
 thresholds, with 95 % intervals of the differences from 500 bootstrap
 resamples of the texts (as eval/ABLATION-chunks.md).
 
-Usage: python compare.py BEFORE.json[:NGRAMS.bin] AFTER.json[:NGRAMS.bin] [set,set,...]
+Usage: python compare.py BEFORE.json[:NGRAMS.bin][@EXAMPLES] AFTER.json[:NGRAMS.bin][@EXAMPLES] [set,set,...]
 Sets default to the validation half, ToxicChat and the development set.
 Each heads file is scored with the n-gram model it names (by sha256): the
 shipped `assets/text-model/ngrams.bin` unless a path follows the colon; a
 heads file that names another model is refused rather than scored with the
-wrong one (the examples read the model from MODERATO_NGRAM_MODEL)."""
+wrong one (the examples read the model from MODERATO_NGRAM_MODEL).
+A directory after `@` holds the `embed` and `lexical_features` binaries
+of another build to score that side with: heads from before a change to how
+the serving code computes their features (the n-gram windows, say) are then
+measured as they were served, not with today's code."""
 
 import json
 import os
@@ -26,18 +30,30 @@ RESAMPLES = 500
 
 
 def load_heads(arg):
-    """A heads file and the n-gram model to score it with, from `HEADS.json[:NGRAMS.bin]`."""
+    """A heads file, the n-gram model and the examples directory to score it
+    with (None: this build's), from `HEADS.json[:NGRAMS.bin][@EXAMPLES]`."""
+    arg, _, examples = arg.partition("@")
     heads_path, _, ngrams = arg.partition(":")
     heads = json.loads(Path(heads_path).read_text())
     ngrams = Path(ngrams) if ngrams else NGRAM_MODEL_PATH
     named = heads.get("ngram_model")
     if named and _sha256(ngrams) != named:
         sys.exit(f"compare: {heads_path} names n-gram model {named}, not {ngrams}'s; pass {heads_path}:PATH")
-    return heads, ngrams
+    if examples and not (Path(examples) / "lexical_features").exists():
+        sys.exit(f"compare: {examples} holds no lexical_features binary")
+    return heads, ngrams, examples or None
 
 
-def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH):
+THIS_BUILD = os.environ.get("MODERATO_EXAMPLES_DIR")
+
+
+def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH, examples=None):
     os.environ["MODERATO_NGRAM_MODEL"] = str(ngrams)  # read by the examples embed_texts and lexical_features run
+    examples = examples or THIS_BUILD  # read by common.examples_dir
+    if examples:
+        os.environ["MODERATO_EXAMPLES_DIR"] = str(examples)
+    else:
+        os.environ.pop("MODERATO_EXAMPLES_DIR", None)
     cfg = dict(heads, input="raw")
     vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
     S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
@@ -69,7 +85,7 @@ def figures(S, flags, labels, rows):
 
 
 def main():
-    (before, before_ngrams), (after, after_ngrams) = load_heads(sys.argv[1]), load_heads(sys.argv[2])
+    (before, before_ngrams, before_bin), (after, after_ngrams, after_bin) = load_heads(sys.argv[1]), load_heads(sys.argv[2])
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["validation", "toxicchat", "dev"]
     sets = eval_sets.load_all()
     rng = np.random.default_rng(20261125)
@@ -81,8 +97,8 @@ def main():
         texts = [texts[i] for i in keep]
         labels = {c: [v[i] for i in keep] for c, v in labels.items()}
         labels = {c: [np.nan if x is None else x for x in v] for c, v in labels.items()}
-        Sb, Fb = scores(before, texts, name, before_ngrams)
-        Sa, Fa = scores(after, texts, name, after_ngrams)
+        Sb, Fb = scores(before, texts, name, before_ngrams, before_bin)
+        Sa, Fa = scores(after, texts, name, after_ngrams, after_bin)
         rows = np.arange(len(texts))
         b, a = figures(Sb, Fb, labels, rows), figures(Sa, Fa, labels, rows)
         diffs = {k: [] for k in a}
