@@ -1,27 +1,33 @@
 //! The terms of the n-gram model for each text, for `train/train_ngrams.py`
 //! (which trains the model on exactly what serving counts).
 //!
-//! Usage: `cargo run --example ngram_terms -- IN.jsonl OUT.terms [--windows]`
+//! Usage: `cargo run --example ngram_terms -- IN.jsonl OUT.terms [--windows wide|narrow]`
 //! IN.jsonl has one `{"text": "..."}` object per line. Writes OUT.terms:
 //! little-endian u32 triples (row, term hash, count | block << 31), one per
 //! distinct term of a row, rows in order. A row is an input line's whole
 //! text (what the model is fitted on), or with `--windows` one of the
-//! windows the model scores a text by (`ngrams::for_each_window`); then
+//! windows (`ngrams::WIDE` or `ngrams::NARROW`) the model scores a text by
+//! (`ngrams::for_each_window`); then
 //! OUT.terms.owner holds, per row, its input line (little-endian u32).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 
 use anyhow::{bail, Context};
-use moderato::moderation::text::ngrams::{for_each_term_of, for_each_window};
+use moderato::moderation::text::ngrams::{for_each_term_of, for_each_window, NARROW, WIDE};
 use moderato::moderation::text::normalize;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (input, output, windows) = match (args.first(), args.get(1), args.get(2)) {
-        (Some(i), Some(o), None) => (i, o, false),
-        (Some(i), Some(o), Some(flag)) if flag == "--windows" => (i, o, true),
-        _ => bail!("usage: ngram_terms IN.jsonl OUT.terms [--windows]"),
+    let usage = "usage: ngram_terms IN.jsonl OUT.terms [--windows wide|narrow]";
+    let (input, output, windows) = match args.as_slice() {
+        [i, o] => (i, o, None),
+        [i, o, flag, cut] if flag == "--windows" => match cut.as_str() {
+            "wide" => (i, o, Some(WIDE)),
+            "narrow" => (i, o, Some(NARROW)),
+            _ => bail!(usage),
+        },
+        _ => bail!(usage),
     };
     let reader =
         BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);
@@ -40,8 +46,8 @@ fn main() -> anyhow::Result<()> {
         let line_no = u32::try_from(n).context("too many lines")?;
         let normalized = normalize(text);
         let mut rows: Vec<Vec<&str>> = Vec::new();
-        if windows {
-            for_each_window(&normalized, |w| rows.push(w.to_vec()));
+        if let Some(cut) = windows {
+            for_each_window(&normalized, cut, |w| rows.push(w.to_vec()));
         } else {
             rows.push(moderato::moderation::text::ngrams::words(&normalized));
         }
@@ -62,7 +68,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     out.flush()?;
-    if windows {
+    if windows.is_some() {
         let bytes: Vec<u8> = owners.iter().flat_map(|o| o.to_le_bytes()).collect();
         std::fs::write(format!("{output}.owner"), bytes)?;
     }

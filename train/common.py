@@ -39,6 +39,9 @@ CATEGORIES = [
 ]
 # Learnt heads: every category but sexual/minors (composed), plus the minor signal.
 HEADS = [c for c in CATEGORIES if c != "sexual/minors"] + ["minor"]
+# The n-gram heads scored by 48-word windows rather than 128-word ones in
+# a long text (ngrams::NARROW_HEADS, which this mirrors).
+NGRAM_NARROW_HEADS = {"self-harm", "self-harm/intent", "self-harm/instructions"}
 # (child, parent): the parent score is raised to the child's.
 PARENTS = [
     ["harassment/threatening", "harassment"],

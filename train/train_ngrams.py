@@ -31,7 +31,7 @@ from scipy.sparse import csr_matrix
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
-from common import HEADS, NGRAM_MODEL_PATH, ROOT, WORK, examples_dir
+from common import HEADS, NGRAM_MODEL_PATH, NGRAM_NARROW_HEADS, ROOT, WORK, examples_dir
 
 # Terms kept per block, the most frequent first (df >= MIN_DF): what keeps
 # the shipped file near a megabyte.
@@ -47,16 +47,17 @@ def read_rows(path):
     return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
-def count_terms(texts, windows=False):
+def count_terms(texts, windows=None):
     """(row, hash, count, block) arrays of every distinct term of every row,
-    and each row's text: a row is a whole text, or with `windows` one of the
-    windows a text is scored by (ngrams::for_each_window)."""
+    and each row's text: a row is a whole text, or with `windows` ("wide"
+    or "narrow") one of the windows a text is scored by
+    (ngrams::for_each_window)."""
     with tempfile.TemporaryDirectory() as d:
         src, out = Path(d) / "in.jsonl", Path(d) / "out.terms"
         with open(src, "w") as f:
             for t in texts:
                 f.write(json.dumps({"text": t}) + "\n")
-        args = [str(examples_dir() / "ngram_terms"), str(src), str(out)] + (["--windows"] if windows else [])
+        args = [str(examples_dir() / "ngram_terms"), str(src), str(out)] + (["--windows", windows] if windows else [])
         subprocess.run(args, check=True, cwd=ROOT)
         a = np.fromfile(out, dtype="<u4").reshape(-1, 3)
         owner = np.fromfile(str(out) + ".owner", dtype="<u4").astype(np.int64) if windows else np.arange(len(texts))
@@ -164,17 +165,23 @@ def main():
     X = design(n, line, hashes, counts, block, vocab, idf)
     print(f"ngrams: {n} texts ({len(extra)} only here, {int((~learnable).sum())} held out), {len(vocab)} terms",
           file=sys.stderr)
-    # The dataset rows as served: by their windows.
-    (wline, whashes, wcounts, wblock), owner = count_terms([r["text"] for r in rows], windows=True)
-    XW = design(len(owner), wline, whashes, wcounts, wblock, vocab, idf)
+    # The dataset rows as served: by their windows, wide or narrow per head.
+    cuts = {}
+    for cut in ("wide", "narrow"):
+        (wline, whashes, wcounts, wblock), owner = count_terms([r["text"] for r in rows], windows=cut)
+        cuts[cut] = (design(len(owner), wline, whashes, wcounts, wblock, vocab, idf), owner)
+    narrow = np.array([h in NGRAM_NARROW_HEADS for h in HEADS])
 
     oof = np.zeros((len(rows), len(HEADS)))
     extra_idx = np.arange(len(rows), n)
     for k, (tr, te) in enumerate(KFold(FOLDS, shuffle=True, random_state=SEED).split(np.arange(len(rows)))):
         fold = np.concatenate([tr[learnable[tr]], extra_idx])
         model = fit(X[fold], labels[fold], weights[fold])
-        in_te = np.isin(owner, te)
-        oof[te] = strongest(logits(XW[in_te], model), owner[in_te], len(rows))[te]
+        for cut, (XW, owner) in cuts.items():
+            in_te = np.isin(owner, te)
+            z = strongest(logits(XW[in_te], model), owner[in_te], len(rows))[te]
+            heads = narrow if cut == "narrow" else ~narrow
+            oof[np.ix_(te, heads)] = z[:, heads]
         print(f"ngrams: fold {k + 1}/{FOLDS}", file=sys.stderr)
     np.save(OOF_PATH, oof.astype(np.float32))
 

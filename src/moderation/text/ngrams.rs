@@ -46,11 +46,40 @@ const CHAR_NGRAMS: std::ops::RangeInclusive<usize> = 2..=5;
 /// Texts of up to this many words are scored whole, as the model was
 /// fitted (99 % of the training texts; 89 % of the validation half's).
 pub const WHOLE_TEXT_WORDS: usize = 256;
-/// Longer texts are scored by windows of this many words, this far apart:
-/// short enough that one hostile sentence is not averaged away by a page of
-/// harmless text around it.
-pub const WINDOW_WORDS: usize = 48;
-pub const WINDOW_STRIDE: usize = 24;
+/// How a text longer than [`WHOLE_TEXT_WORDS`] is cut: windows of `words`
+/// words, `stride` apart, the last one ending at the last word. A head's
+/// logit for such a text is its strongest window's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub words: usize,
+    pub stride: usize,
+}
+
+/// Long enough that the strongest of a long text's many windows is not one
+/// that merely sounds bad out of context, short enough that one insult is
+/// not averaged away by a page of harmless text around it. On the
+/// validation half, 128 words against 48 (with [`NARROW`] kept for
+/// self-harm) raised any-category AUPRC 0.788 -> 0.796 and cut false
+/// alarms 0.130 -> 0.117; whole texts did
+/// better still there but let an insult inside 2,000 words of minutes
+/// through (eval/ABLATION-real.md, heads .12).
+pub const WIDE: Windows = Windows {
+    words: 128,
+    stride: 64,
+};
+/// For the self-harm heads: a long post about wanting to die says so in a
+/// few sentences among many about the rest of a life, and 128-word windows
+/// dilute them (long posts of the suicidal-intent sets lost recall).
+pub const NARROW: Windows = Windows {
+    words: 48,
+    stride: 24,
+};
+/// Per head (in [`NGRAM_HEADS`] order), whether it is scored by [`NARROW`]
+/// windows rather than [`WIDE`] ones: the three self-harm heads. Mirrored
+/// by `NGRAM_NARROW_HEADS` in `train/common.py`.
+pub const NARROW_HEADS: [bool; NGRAM_HEADS] = [
+    false, false, false, false, true, true, true, false, false, false, false,
+];
 const MAGIC: &[u8; 4] = b"MNG1";
 const ENTRY_BYTES: usize = 4 + 2 + NGRAM_HEADS;
 
@@ -76,24 +105,25 @@ pub fn words(normalized: &str) -> Vec<&str> {
 }
 
 /// Calls `f(words)` for each window of the words of `normalized` that the
-/// model scores: the whole text when it has at most [`WHOLE_TEXT_WORDS`]
-/// words, else windows of [`WINDOW_WORDS`] words [`WINDOW_STRIDE`] apart,
-/// the last one ending at the last word. A text's logit is its strongest
-/// window's, so an insult in a long harmless text is not averaged away.
-pub fn for_each_window<'a>(normalized: &'a str, mut f: impl FnMut(&[&'a str])) {
-    let words = words(normalized);
+/// model scores with `windows`: the whole text when it has at most
+/// [`WHOLE_TEXT_WORDS`] words, else the [`Windows`] cut.
+pub fn for_each_window<'a>(normalized: &'a str, windows: Windows, f: impl FnMut(&[&'a str])) {
+    for_each_window_of(&words(normalized), windows, f);
+}
+
+fn for_each_window_of<'a>(words: &[&'a str], windows: Windows, mut f: impl FnMut(&[&'a str])) {
     if words.len() <= WHOLE_TEXT_WORDS {
-        f(&words);
+        f(words);
         return;
     }
     let mut start = 0;
     loop {
-        let end = (start + WINDOW_WORDS).min(words.len());
-        f(&words[end - WINDOW_WORDS..end]);
+        let end = (start + windows.words).min(words.len());
+        f(&words[end - windows.words..end]);
         if end == words.len() {
             break;
         }
-        start += WINDOW_STRIDE;
+        start += windows.stride;
     }
 }
 
@@ -245,12 +275,29 @@ impl NgramModel {
     /// The logit of every head for `normalized` (the normaliser's output):
     /// per window ([`for_each_window`]) sublinear term frequency times idf
     /// over the known terms, each block scaled to unit length, then the
-    /// heads' dot products; per head the strongest window's.
+    /// heads' dot products; per head the strongest of the windows its
+    /// [`NARROW_HEADS`] entry names.
     pub fn logits(&self, normalized: &str) -> [f32; NGRAM_HEADS] {
-        let mut out = [f32::NEG_INFINITY; NGRAM_HEADS];
+        let words = words(normalized);
         let mut known: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
-        for_each_window(normalized, |words| {
-            for (o, z) in out.iter_mut().zip(self.window_logits(words, &mut known)) {
+        if words.len() <= WHOLE_TEXT_WORDS {
+            return self.window_logits(&words, &mut known);
+        }
+        let wide = self.strongest(&words, WIDE, &mut known);
+        let narrow = self.strongest(&words, NARROW, &mut known);
+        std::array::from_fn(|h| if NARROW_HEADS[h] { narrow[h] } else { wide[h] })
+    }
+
+    /// Per head, the strongest logit of the `windows` of `words`.
+    fn strongest(
+        &self,
+        words: &[&str],
+        windows: Windows,
+        known: &mut [Vec<u32>; 2],
+    ) -> [f32; NGRAM_HEADS] {
+        let mut out = [f32::NEG_INFINITY; NGRAM_HEADS];
+        for_each_window_of(words, windows, |w| {
+            for (o, z) in out.iter_mut().zip(self.window_logits(w, known)) {
                 *o = o.max(z);
             }
         });
@@ -330,6 +377,11 @@ mod tests {
 
     /// A model of the given terms (hash, idf, weight of head 0), bias 0.
     fn model(terms: &[(u32, f32, i8)]) -> Vec<u8> {
+        model_of_heads(terms, &[0])
+    }
+
+    /// The same, each term's weight on every head of `heads`.
+    fn model_of_heads(terms: &[(u32, f32, i8)], heads: &[usize]) -> Vec<u8> {
         let mut terms = terms.to_vec();
         terms.sort_by_key(|t| t.0);
         let mut b = MAGIC.to_vec();
@@ -340,8 +392,7 @@ mod tests {
         for (h, idf, w) in terms {
             b.extend(h.to_le_bytes());
             b.extend(((idf * 1000.0) as u16).to_le_bytes());
-            b.push(w as u8);
-            b.extend([0u8; NGRAM_HEADS - 1]);
+            b.extend((0..NGRAM_HEADS).map(|i| if heads.contains(&i) { w as u8 } else { 0 }));
         }
         b
     }
@@ -394,20 +445,41 @@ mod tests {
             NgramModel::parse(&model(&[(kill, 2.0, 100), (hash(b'w', &["the"]), 2.0, 0)])).unwrap();
         let filler = "the ".repeat(500);
         let text = format!("{filler} kill {filler}");
-        // Its strongest window is "kill" among 47 "the"s, not among the
-        // whole text's 1,000.
+        // Its strongest window is "kill" among WIDE.words - 1 "the"s, not
+        // among the whole text's 1,000.
         let z = m.logits(&normalize(&text))[0];
-        let window = m.logits(&normalize(&format!("{} kill", "the ".repeat(47))))[0];
+        let window = m.logits(&normalize(&format!(
+            "{} kill",
+            "the ".repeat(WIDE.words - 1)
+        )))[0];
         let text = normalize(&text);
         let whole = m.window_logits(&words(&text), &mut Default::default())[0];
         assert_eq!(z, window);
-        assert!(whole < 0.7 * window, "{whole} vs {window}");
-        let mut windows = 0;
-        for_each_window(&normalize(&text), |w| {
-            assert_eq!(w.len(), WINDOW_WORDS);
-            windows += 1;
-        });
-        assert_eq!(windows, (1001 - WINDOW_WORDS).div_ceil(WINDOW_STRIDE) + 1);
+        assert!(whole < 0.8 * window, "{whole} vs {window}");
+        // A self-harm head reads the narrow windows: its strongest is "kill"
+        // among NARROW.words - 1 "the"s, stronger than the wide one.
+        let self_harm = NARROW_HEADS.iter().position(|&n| n).unwrap();
+        let m = NgramModel::parse(&model_of_heads(
+            &[(kill, 2.0, 100), (hash(b'w', &["the"]), 2.0, 0)],
+            &[0, self_harm],
+        ))
+        .unwrap();
+        let z = m.logits(&text);
+        let narrow = m.logits(&normalize(&format!(
+            "{} kill",
+            "the ".repeat(NARROW.words - 1)
+        )))[self_harm];
+        assert_eq!(z[0], window);
+        assert_eq!(z[self_harm], narrow);
+        assert!(narrow > window, "{narrow} vs {window}");
+        for cut in [WIDE, NARROW] {
+            let mut windows = 0;
+            for_each_window(&normalize(&text), cut, |w| {
+                assert_eq!(w.len(), cut.words);
+                windows += 1;
+            });
+            assert_eq!(windows, (1001 - cut.words).div_ceil(cut.stride) + 1);
+        }
     }
 
     #[test]
