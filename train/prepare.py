@@ -266,7 +266,7 @@ def drop_brief_examples(rows):
     return [r for i, r in enumerate(rows) if i not in drop], len(drop)
 
 
-# The sources whose splits one shared generator draws, in order (heads .12's).
+# The sources whose splits one shared generator draws in the order prepare.py reads them (heads .12's).
 SHARED_DRAW = ROOT / "train" / "split_sources.txt"
 
 
