@@ -68,6 +68,24 @@ def dedup_key(text: str) -> str:
     return t.strip()
 
 
+# MODERATO_FOLDS=text: out-of-fold scores (train_ngrams.py, train_heads.py)
+# on stable_folds, for trying a new file against a baseline retrained the
+# same way. Unset: the permutation draw the shipped heads (.14) were fitted
+# with, so that retraining reproduces them; the next shipped revision should
+# switch (eval/ABLATION-real.md, 2026-11-27 morning).
+FOLDS_BY_TEXT = os.environ.get("MODERATO_FOLDS", "draw") == "text"
+
+
+def stable_folds(texts, k: int, salt: str) -> np.ndarray:
+    """Each text's fold of `k`, from a hash of the text (and `salt`) alone.
+    A permutation of the row count (KFold, rng.permutation) reassigns every
+    row's fold when one row is added, so adding a file moved every
+    out-of-fold score and with them thresholds of categories the file does
+    not label (hate 0.70 -> 0.66 when self-harm accounts were added,
+    eval/ABLATION-real.md); a row's fold here depends on nothing else."""
+    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{t}".encode()).digest()[:8], "big") % k for t in texts])
+
+
 def examples_dir() -> Path:
     # MODERATO_EXAMPLES_DIR: binaries of another build (e.g. the previous
     # release's, to measure the heads before a change on their own pipeline).

@@ -22,7 +22,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -223,13 +223,12 @@ def fit_head(X, chunks, tr, ytr, cal, ycal):
     return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap, (a, c)
 
 
-def out_of_fold(X, chunks, texts, y, C, platt, rng):
+def out_of_fold(X, chunks, texts, y, C, platt, folds):
     """Calibrated served probabilities of `texts`, each from a head (same C,
     the final Platt mapping) fitted on the other folds' texts with a label
     (y is NaN where unknown): scores as unseen as the calibration split's,
-    on five times as many texts."""
+    on five times as many texts. `folds`: each text's fold."""
     a, c = platt
-    folds = rng.permutation(len(y)) % K_FOLDS
     known = ~np.isnan(y)
     out = np.zeros(len(y))
     for k in range(K_FOLDS):
@@ -242,12 +241,23 @@ def out_of_fold(X, chunks, texts, y, C, platt, rng):
     return out
 
 
-def unseen_probabilities(spec, C, platt, X, chunks, texts, y, is_train, rng):
+def fold_assignment(rows):
+    """The folds of out_of_fold, as a function of the row indices to split:
+    by text (MODERATO_FOLDS=text), or drawn by one generator in turn for
+    every head (the shipped heads')."""
+    if FOLDS_BY_TEXT:
+        by_text = stable_folds([r["text"] for r in rows], K_FOLDS, f"heads:{SEED}")
+        return lambda idx: by_text[idx]
+    rng = np.random.default_rng(SEED)
+    return lambda idx: rng.permutation(len(idx)) % K_FOLDS
+
+
+def unseen_probabilities(spec, C, platt, X, chunks, texts, y, is_train, folds_of):
     """Served probabilities of texts the head was not fitted on: the shipped
     head for calibration texts, out-of-fold heads for training texts."""
     w = np.concatenate([spec["w"], spec["lex"]])
     p = 1.0 / (1.0 + np.exp(-chunks.served_logits(texts, w, spec["b"])))
-    p[is_train] = out_of_fold(X, chunks, texts[is_train], y[is_train], C, platt, rng)
+    p[is_train] = out_of_fold(X, chunks, texts[is_train], y[is_train], C, platt, folds_of(texts[is_train]))
     return p
 
 
@@ -505,7 +515,7 @@ def main():
     # final heads, training rows out of fold.
     pool = np.where((split == "train") | (split == "calib"))[0]
     pooled_scores = np.zeros((len(pool), len(HEADS)))
-    rng = np.random.default_rng(SEED)
+    folds_of = fold_assignment(rows)
 
     heads, report = {}, {}
     plain = without_ngrams(X, chunks)
@@ -517,7 +527,7 @@ def main():
         tr_i, cal_i = np.where(tr)[0], np.where(cal)[0]
         spec, C, ap, platt = fit_head(X_h, chunks_h, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int))
         heads[h] = spec
-        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X_h, chunks_h, pool, lab[pool], split[pool] == "train", rng)
+        pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X_h, chunks_h, pool, lab[pool], split[pool] == "train", folds_of)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
         print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 

@@ -10,7 +10,8 @@ Output:
                                 in ngrams.rs)
   train/out/ngram_oof.npy       per dataset row, the logits (strongest
                                 window's, as served) of a model that did not
-                                see it (5 folds; the extra rows are in
+                                see it (5 folds, common.FOLDS_BY_TEXT; the
+                                extra rows are in
                                 every fold's training), which train_heads.py
                                 puts in place of the shipped model's, so the
                                 heads learn how far to trust the n-gram model
@@ -31,7 +32,7 @@ from scipy.sparse import csr_matrix
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
-from common import HEADS, NGRAM_MODEL_PATH, NGRAM_NARROW_HEADS, ROOT, WORK, examples_dir
+from common import HEADS, NGRAM_MODEL_PATH, NGRAM_NARROW_HEADS, ROOT, WORK, FOLDS_BY_TEXT, examples_dir, stable_folds
 
 # Terms kept per block, the most frequent first (df >= MIN_DF): what keeps
 # the shipped file near a megabyte.
@@ -150,6 +151,15 @@ def write_model(path, vocab, idf, model):
         f.write(rows.tobytes())
 
 
+def fold_splits(rows):
+    """(training, held-out) row indices of each fold: by text
+    (MODERATO_FOLDS=text), or by the KFold draw the shipped model's were."""
+    if FOLDS_BY_TEXT:
+        folds = stable_folds([r["text"] for r in rows], FOLDS, f"ngrams:{SEED}")
+        return [(np.where(folds != k)[0], np.where(folds == k)[0]) for k in range(FOLDS)]
+    return list(KFold(FOLDS, shuffle=True, random_state=SEED).split(np.arange(len(rows))))
+
+
 def main():
     rows = read_rows(WORK / "dataset.jsonl")
     extra = read_rows(WORK / "ngram_extra.jsonl")
@@ -174,7 +184,7 @@ def main():
 
     oof = np.zeros((len(rows), len(HEADS)))
     extra_idx = np.arange(len(rows), n)
-    for k, (tr, te) in enumerate(KFold(FOLDS, shuffle=True, random_state=SEED).split(np.arange(len(rows)))):
+    for k, (tr, te) in enumerate(fold_splits(rows)):
         fold = np.concatenate([tr[learnable[tr]], extra_idx])
         model = fit(X[fold], labels[fold], weights[fold])
         for cut, (XW, owner) in cuts.items():
