@@ -73,7 +73,9 @@ def dedup_key(text: str) -> str:
 # same way. Unset: the permutation draw the shipped heads (.14) were fitted
 # with, so that retraining reproduces them; the next shipped revision should
 # switch (eval/ABLATION-real.md, 2026-11-27 morning).
-FOLDS_BY_TEXT = os.environ.get("MODERATO_FOLDS", "draw") == "text"
+FOLDS = os.environ.get("MODERATO_FOLDS", "draw")
+assert FOLDS in ("draw", "text"), f"MODERATO_FOLDS is draw or text, not {FOLDS!r}"
+FOLDS_BY_TEXT = FOLDS == "text"
 
 
 def stable_folds(texts, k: int, salt: str) -> np.ndarray:
