@@ -73,9 +73,9 @@ def dedup_key(text: str) -> str:
 # same way. Unset: the permutation draw the shipped heads (.14) were fitted
 # with, so that retraining reproduces them; the next shipped revision should
 # switch (eval/ABLATION-real.md, 2026-11-27 morning).
-FOLDS = os.environ.get("MODERATO_FOLDS", "draw")
-assert FOLDS in ("draw", "text"), f"MODERATO_FOLDS is draw or text, not {FOLDS!r}"
-FOLDS_BY_TEXT = FOLDS == "text"
+FOLD_RULE = os.environ.get("MODERATO_FOLDS", "draw")
+assert FOLD_RULE in ("draw", "text"), f"MODERATO_FOLDS is draw or text, not {FOLD_RULE!r}"
+FOLDS_BY_TEXT = FOLD_RULE == "text"
 
 
 def stable_folds(texts, k: int, salt: str) -> np.ndarray:
