@@ -1,6 +1,10 @@
 //! The per-category heads: calibrated logistic regressions on the sentence
 //! embedding and the lexical layer's features, trained by
 //! `train/train_heads.py` and shipped as `assets/text-model/heads.json`.
+//! A head may also carry one hidden layer ([`HiddenLayer`]) whose output is
+//! added to its logit: the self-harm head has one, because first-person
+//! accounts of self-harm are not linearly apart from talk about it in the
+//! embedding (eval/ABLATION-real.md, the hidden-layer entry).
 //!
 //! `sexual/minors` has no head of its own (it is never learnt from examples):
 //! it is the smaller of the `sexual` score and the score of the `minor` head,
@@ -98,6 +102,20 @@ struct HeadSpec {
     #[serde(default)]
     lex: Option<Vec<f32>>,
     b: f32,
+    /// A hidden layer added to the logit; absent in linear heads.
+    #[serde(default)]
+    hidden: Option<HiddenSpec>,
+}
+
+#[derive(Deserialize)]
+struct HiddenSpec {
+    /// One row per unit: [`EMBEDDING_DIM`] embedding weights, then
+    /// [`LEXICAL_FEATURES`] lexical ones (input scaling folded in).
+    w: Vec<Vec<f32>>,
+    b: Vec<f32>,
+    /// The weight of each unit's output in the head's logit (calibration
+    /// folded in).
+    out: Vec<f32>,
 }
 
 /// Which form of the text the heads were trained on.
@@ -113,17 +131,48 @@ pub enum InputKind {
     Both,
 }
 
-/// One logistic head whose Platt calibration is folded into `w`, `lex` and `b`.
+/// One logistic head whose Platt calibration is folded into `w`, `lex`,
+/// `b` and, when it has one, its hidden layer's output weights.
 struct Head {
     w: Vec<f32>,
     lex: [f32; LEXICAL_FEATURES],
     b: f32,
+    hidden: Option<HiddenLayer>,
 }
 
 impl Head {
     fn probability(&self, embedding: &[f32], lexical: &LexicalFeatures) -> f32 {
-        let z = dot(&self.w, embedding) + dot(&self.lex, &lexical.0) + self.b;
+        let mut z = dot(&self.w, embedding) + dot(&self.lex, &lexical.0) + self.b;
+        if let Some(hidden) = &self.hidden {
+            z += hidden.logit(embedding, lexical);
+        }
         1.0 / (1.0 + (-z).exp())
+    }
+}
+
+/// ReLU units on the embedding and the lexical features; their weighted sum
+/// is added to the head's logit. Rows are validated to the input width at
+/// load, so `logit` cannot read out of bounds.
+struct HiddenLayer {
+    /// `units x (EMBEDDING_DIM + LEXICAL_FEATURES)`, row-major.
+    w: Vec<f32>,
+    b: Vec<f32>,
+    out: Vec<f32>,
+}
+
+const HIDDEN_INPUTS: usize = EMBEDDING_DIM + LEXICAL_FEATURES;
+
+impl HiddenLayer {
+    fn logit(&self, embedding: &[f32], lexical: &LexicalFeatures) -> f32 {
+        self.w
+            .chunks_exact(HIDDEN_INPUTS)
+            .zip(self.b.iter().zip(&self.out))
+            .map(|(row, (b, out))| {
+                let (on_embedding, on_lexical) = row.split_at(EMBEDDING_DIM);
+                let a = dot(on_embedding, embedding) + dot(on_lexical, &lexical.0) + b;
+                a.max(0.0) * out
+            })
+            .sum()
     }
 }
 
@@ -263,10 +312,46 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
     if !spec.b.is_finite() || spec.w.iter().chain(&lex).any(|w| !w.is_finite()) {
         return Err(invalid(format!("head {name} has a non-finite weight")));
     }
+    let hidden = spec.hidden.map(|h| hidden_layer(name, h)).transpose()?;
     Ok(Head {
         w: spec.w,
         lex,
         b: spec.b,
+        hidden,
+    })
+}
+
+fn hidden_layer(name: &str, spec: HiddenSpec) -> Result<HiddenLayer, TextModelError> {
+    let units = spec.w.len();
+    if units == 0 || spec.b.len() != units || spec.out.len() != units {
+        return Err(invalid(format!(
+            "head {name}: its hidden layer needs as many biases and output weights as rows \
+             (at least one), got {units} rows, {} biases, {} output weights",
+            spec.b.len(),
+            spec.out.len()
+        )));
+    }
+    if let Some(row) = spec.w.iter().find(|row| row.len() != HIDDEN_INPUTS) {
+        return Err(invalid(format!(
+            "head {name}: a hidden row has {} weights, expected {HIDDEN_INPUTS} \
+             ({EMBEDDING_DIM} embedding, then {LEXICAL_FEATURES} lexical)",
+            row.len()
+        )));
+    }
+    let w: Vec<f32> = spec.w.into_iter().flatten().collect();
+    if w.iter()
+        .chain(&spec.b)
+        .chain(&spec.out)
+        .any(|v| !v.is_finite())
+    {
+        return Err(invalid(format!(
+            "head {name}: its hidden layer has a non-finite weight"
+        )));
+    }
+    Ok(HiddenLayer {
+        w,
+        b: spec.b,
+        out: spec.out,
     })
 }
 
@@ -369,6 +454,73 @@ mod tests {
             .err()
             .expect("short lex accepted");
         assert!(err.to_string().contains("lexical weights"), "{err}");
+    }
+
+    #[test]
+    fn a_hidden_layer_adds_its_relu_units_to_the_logit() {
+        let mut v: serde_json::Value = serde_json::from_str(&heads_json(0.0, 0.0)).unwrap();
+        // Two units on embedding dimension 0: one reads it, one its opposite.
+        let mut up = vec![0.0f32; HIDDEN_INPUTS];
+        up[0] = 1.0;
+        let mut down = vec![0.0f32; HIDDEN_INPUTS];
+        down[0] = -1.0;
+        v["heads"]["self-harm"]["b"] = serde_json::json!(0.0);
+        v["heads"]["self-harm"]["hidden"] =
+            serde_json::json!({"w": [up, down], "b": [0.0, 0.0], "out": [2.0, 3.0]});
+        let heads = Heads::parse(&v.to_string()).unwrap();
+        let lex = LexicalFeatures::default();
+        let mut emb = vec![0.0f32; EMBEDDING_DIM];
+        let at =
+            |heads: &Heads, emb: &[f32]| heads.window_scores(emb, &lex).get(Category::SelfHarm);
+        assert_eq!(
+            at(&heads, &emb),
+            0.5,
+            "no unit active: the linear part alone"
+        );
+        emb[0] = 1.0;
+        let expected = 1.0 / (1.0 + (-2.0f32).exp());
+        assert!(
+            (at(&heads, &emb) - expected).abs() < 1e-6,
+            "the first unit, times 2"
+        );
+        emb[0] = -1.0;
+        let expected = 1.0 / (1.0 + (-3.0f32).exp());
+        assert!(
+            (at(&heads, &emb) - expected).abs() < 1e-6,
+            "the second unit, times 3"
+        );
+        assert!(
+            heads.window_scores(&emb, &lex).get(Category::Hate) < 0.01,
+            "other heads are untouched"
+        );
+    }
+
+    #[test]
+    fn rejects_a_hidden_layer_of_the_wrong_shape() {
+        let base: serde_json::Value = serde_json::from_str(&heads_json(0.0, 0.0)).unwrap();
+        let row = vec![0.0f32; HIDDEN_INPUTS];
+        let cases = [
+            (
+                serde_json::json!({"w": [row.clone()], "b": [0.0], "out": [1.0, 2.0]}),
+                "output weights",
+            ),
+            (
+                serde_json::json!({"w": [[1.0, 2.0]], "b": [0.0], "out": [1.0]}),
+                "a hidden row has 2 weights",
+            ),
+            (
+                serde_json::json!({"w": [], "b": [], "out": []}),
+                "at least one",
+            ),
+        ];
+        for (hidden, says) in cases {
+            let mut v = base.clone();
+            v["heads"]["self-harm"]["hidden"] = hidden;
+            let err = Heads::parse(&v.to_string())
+                .err()
+                .expect("a bad hidden layer loaded");
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 
     #[test]
