@@ -270,10 +270,25 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None):
         z = z + (lex @ U.T)[idx]
     elif U.any():
         raise ValueError("these heads read lexical features: pass lex")
+    for i, c in enumerate(names):
+        hidden = heads["heads"]["minor" if c == "sexual/minors" else c].get("hidden")
+        if hidden:
+            if lex is None:
+                raise ValueError("these heads have a hidden layer, which reads lexical features: pass lex")
+            z[:, i] += hidden_logit(hidden, vecs, lex[idx])
     p = 1.0 / (1.0 + np.exp(-z))
     out = np.zeros((n, len(names)), dtype=np.float32)
     np.maximum.at(out, idx, p)
     return compose(out, heads.get("parents", []))
+
+
+def hidden_logit(hidden: dict, vecs, lex_rows):
+    """What a head's hidden layer adds to its logit, per window (Rust
+    HiddenLayer::logit): ReLU units on the embedding, then the lexical
+    features."""
+    F = np.hstack([vecs, lex_rows]).astype(np.float32)
+    a = F @ np.asarray(hidden["w"], dtype=np.float32).T + np.asarray(hidden["b"], dtype=np.float32)
+    return np.maximum(a, 0.0) @ np.asarray(hidden["out"], dtype=np.float32)
 
 
 def decide(S, thresholds, parents=PARENTS):

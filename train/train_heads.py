@@ -22,7 +22,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -51,11 +51,23 @@ C_GRID = (0.5, 2.0, 8.0)
 # MODERATO_NGRAM_HEADS (comma-separated) overrides the list.
 NGRAM_HEADS = os.environ.get("MODERATO_NGRAM_HEADS", "harassment,hate,sexual,violence,self-harm,violence/graphic").split(",")
 assert set(NGRAM_HEADS) <= set(HEADS), f"MODERATO_NGRAM_HEADS names no head: {sorted(set(NGRAM_HEADS) - set(HEADS))}"
+# Heads with one hidden layer (ReLU units on the same features, added to the
+# logit; Rust HiddenLayer) instead of a linear model. Screened on the
+# validation half with train/screen_heads.py (eval/ABLATION-real.md, the
+# hidden-layer entry): for every head, in-distribution AUPRC rose and real
+# text fell (validation any-category 0.799 -> 0.746), but for self-harm
+# alone the validation half, twitter_suicidal and suicide_detection all rose.
+# MODERATO_MLP_HEADS (comma-separated, may be empty) overrides the list.
+MLP_HEADS = set(filter(None, os.environ.get("MODERATO_MLP_HEADS", "self-harm").split(",")))
+assert MLP_HEADS <= set(HEADS), f"MODERATO_MLP_HEADS names no head: {sorted(MLP_HEADS - set(HEADS))}"
+MLP_UNITS = 128
+MLP_ALPHA = 1e-2  # L2 on the weights
+MLP_EPOCHS = 30
 # What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 14  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 15  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -90,6 +102,19 @@ class Chunks:
         """Per text of `texts`, the strongest chunk's logit."""
         rows, owner = self.of(texts)
         z = self.F[rows] @ w + b
+        out = np.full(len(texts), -np.inf)
+        np.maximum.at(out, owner, z)
+        return out
+
+    def served_logits_of(self, texts, spec):
+        """Per text of `texts`, the strongest chunk's logit under a head spec
+        (linear, or with a hidden layer: common.hidden_logit)."""
+        w = np.concatenate([spec["w"], spec["lex"]])
+        if "hidden" not in spec:
+            return self.served_logits(texts, w, spec["b"])
+        rows, owner = self.of(texts)
+        F = self.F[rows]
+        z = F @ w + spec["b"] + hidden_logit(spec["hidden"], F[:, :DIM], F[:, DIM:])
         out = np.full(len(texts), -np.inf)
         np.maximum.at(out, owner, z)
         return out
@@ -204,10 +229,17 @@ def without_ngrams(X, chunks):
     return X, out
 
 
-def fit_head(X, chunks, tr, ytr, cal, ycal):
+def fit_head(X, chunks, tr, ytr, cal, ycal, hidden=False):
     """A head fitted on the `tr` texts, C picked and Platt scaling fitted on
-    the served scores (strongest chunk) of the `cal` texts."""
+    the served scores (strongest chunk) of the `cal` texts. `hidden`: a
+    hidden-layer head (fit_hidden) instead of a linear one; C is then None."""
     F, yy, wt = design(X, chunks, tr, ytr)
+    if hidden:
+        spec = fit_hidden(F, yy, wt)
+        z = chunks.served_logits_of(cal, spec)
+        ap = average_precision_score(ycal, z) if ycal.sum() > 0 else 0.0
+        a, c = platt_of(z, ycal)
+        return calibrated(spec, a, c), None, ap, (a, c)
     best = None
     for C in C_GRID:
         lr = LogisticRegression(C=C, max_iter=3000)
@@ -217,17 +249,58 @@ def fit_head(X, chunks, tr, ytr, cal, ycal):
         if best is None or ap > best[0]:
             best = (ap, C, lr.coef_[0].copy(), float(lr.intercept_[0]), z)
     ap, C, w, b, z = best
-    platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[:, None], ycal)
-    a, c = float(platt.coef_[0][0]), float(platt.intercept_[0])
+    a, c = platt_of(z, ycal)
     w = (a * w).astype(np.float32)
     return {"w": w[:DIM].tolist(), "lex": w[DIM:].tolist(), "b": a * b + c}, C, ap, (a, c)
 
 
+def platt_of(z, y):
+    """Platt scaling (a, c) of logits `z` for labels `y`."""
+    platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[:, None], y)
+    return float(platt.coef_[0][0]), float(platt.intercept_[0])
+
+
+def fit_hidden(F, yy, wt):
+    """A head with one hidden layer of MLP_UNITS ReLU units, fitted on the
+    standardised design rows; the standardisation is folded into the
+    hidden weights, so the spec reads the raw features as served. Its
+    linear part is zero."""
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.preprocessing import StandardScaler
+
+    scale = StandardScaler().fit(F)
+    net = MLPClassifier(hidden_layer_sizes=(MLP_UNITS,), alpha=MLP_ALPHA, batch_size=256,
+                        learning_rate_init=1e-3, max_iter=MLP_EPOCHS, random_state=SEED)
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        net.fit(scale.transform(F), yy, sample_weight=wt)
+    W1 = net.coefs_[0] / scale.scale_[:, None]  # (inputs, units)
+    b1 = net.intercepts_[0] - (scale.mean_ / scale.scale_) @ net.coefs_[0]
+    return {
+        "w": [0.0] * DIM,
+        "lex": [0.0] * (F.shape[1] - DIM),
+        "b": float(net.intercepts_[1][0]),
+        "hidden": {"w": W1.T.astype(np.float32).tolist(), "b": b1.astype(np.float32).tolist(),
+                   "out": net.coefs_[1][:, 0].astype(np.float32).tolist()},
+    }
+
+
+def calibrated(spec, a, c):
+    """`spec` with the Platt mapping (a, c) folded into its logit."""
+    out = {"w": (a * np.asarray(spec["w"])).tolist(), "lex": (a * np.asarray(spec["lex"])).tolist(), "b": a * spec["b"] + c}
+    if "hidden" in spec:
+        out["hidden"] = dict(spec["hidden"], out=(a * np.asarray(spec["hidden"]["out"])).tolist())
+    return out
+
+
 def out_of_fold(X, chunks, texts, y, C, platt, folds):
     """Calibrated served probabilities of `texts`, each from a head (same C,
-    the final Platt mapping) fitted on the other folds' texts with a label
-    (y is NaN where unknown): scores as unseen as the calibration split's,
-    on five times as many texts. `folds`: each text's fold."""
+    or a hidden-layer head when C is None; the final Platt mapping) fitted
+    on the other folds' texts with a label (y is NaN where unknown): scores
+    as unseen as the calibration split's, on five times as many texts.
+    `folds`: each text's fold."""
     a, c = platt
     known = ~np.isnan(y)
     out = np.zeros(len(y))
@@ -235,8 +308,11 @@ def out_of_fold(X, chunks, texts, y, C, platt, folds):
         test = folds == k
         fit = known & ~test
         F, yy, wt = design(X, chunks, texts[fit], y[fit])
-        lr = LogisticRegression(C=C, max_iter=3000).fit(F, yy, sample_weight=wt)
-        z = chunks.served_logits(texts[test], lr.coef_[0], lr.intercept_[0])
+        if C is None:
+            z = chunks.served_logits_of(texts[test], fit_hidden(F, yy, wt))
+        else:
+            lr = LogisticRegression(C=C, max_iter=3000).fit(F, yy, sample_weight=wt)
+            z = chunks.served_logits(texts[test], lr.coef_[0], lr.intercept_[0])
         out[test] = 1.0 / (1.0 + np.exp(-(a * z + c)))
     return out
 
@@ -255,8 +331,7 @@ def fold_assignment(rows):
 def unseen_probabilities(spec, C, platt, X, chunks, texts, y, is_train, folds_of):
     """Served probabilities of texts the head was not fitted on: the shipped
     head for calibration texts, out-of-fold heads for training texts."""
-    w = np.concatenate([spec["w"], spec["lex"]])
-    p = 1.0 / (1.0 + np.exp(-chunks.served_logits(texts, w, spec["b"])))
+    p = 1.0 / (1.0 + np.exp(-chunks.served_logits_of(texts, spec)))
     p[is_train] = out_of_fold(X, chunks, texts[is_train], y[is_train], C, platt, folds_of(texts[is_train]))
     return p
 
@@ -525,11 +600,11 @@ def main():
         known = ~np.isnan(lab)
         tr, cal = known & (split == "train"), known & (split == "calib")
         tr_i, cal_i = np.where(tr)[0], np.where(cal)[0]
-        spec, C, ap, platt = fit_head(X_h, chunks_h, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int))
+        spec, C, ap, platt = fit_head(X_h, chunks_h, tr_i, lab[tr_i], cal_i, lab[cal_i].astype(int), hidden=h in MLP_HEADS)
         heads[h] = spec
         pooled_scores[:, HEADS.index(h)] = unseen_probabilities(spec, C, platt, X_h, chunks_h, pool, lab[pool], split[pool] == "train", folds_of)
         report[h] = {"C": C, "calib_auprc": round(float(ap), 4), "train_pos": int(lab[tr].sum()), "calib_pos": int(lab[cal].sum())}
-        print(f"train: {h:24s} C={C:<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
+        print(f"train: {h:24s} C={C if C is not None else 'mlp':<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
     out = with_adapter({
         "version": f"{datetime.date.today().isoformat()}.{REVISION}",
@@ -576,6 +651,10 @@ def choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, saf
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
         heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]
         heads[h]["b"] = round(heads[h]["b"], 6)
+        if "hidden" in heads[h]:
+            hid = heads[h]["hidden"]
+            heads[h]["hidden"] = {"w": [[round(x, 5) for x in row] for row in hid["w"]],
+                                  "b": [round(x, 5) for x in hid["b"]], "out": [round(x, 5) for x in hid["out"]]}
     HEADS_PATH.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     (WORK / "train_report.json").write_text(json.dumps({"heads": report, "thresholds": out["thresholds"]}, indent=1))
     np.save(WORK / "kept_mask.npy", keep)
