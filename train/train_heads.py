@@ -17,10 +17,14 @@ import json
 import os
 import pickle
 import sys
+import warnings
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, precision_recall_curve
+from sklearn.neural_network import MLPClassifier
+from sklearn.preprocessing import StandardScaler
 
 from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
@@ -265,14 +269,9 @@ def fit_hidden(F, yy, wt):
     standardised design rows; the standardisation is folded into the
     hidden weights, so the spec reads the raw features as served. Its
     linear part is zero."""
-    from sklearn.neural_network import MLPClassifier
-    from sklearn.preprocessing import StandardScaler
-
     scale = StandardScaler().fit(F)
     net = MLPClassifier(hidden_layer_sizes=(MLP_UNITS,), alpha=MLP_ALPHA, batch_size=256,
                         learning_rate_init=1e-3, max_iter=MLP_EPOCHS, random_state=SEED)
-    import warnings
-    from sklearn.exceptions import ConvergenceWarning
     with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
         warnings.simplefilter("ignore", ConvergenceWarning)
         net.fit(scale.transform(F), yy, sample_weight=wt)
