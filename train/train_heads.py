@@ -233,13 +233,14 @@ def without_ngrams(X, chunks):
     return X, out
 
 
-def fit_head(X, chunks, tr, ytr, cal, ycal, hidden=False):
+def fit_head(X, chunks, tr, ytr, cal, ycal, hidden=False, **hidden_settings):
     """A head fitted on the `tr` texts, C picked and Platt scaling fitted on
     the served scores (strongest chunk) of the `cal` texts. `hidden`: a
-    hidden-layer head (fit_hidden) instead of a linear one; C is then None."""
+    hidden-layer head (fit_hidden, with `hidden_settings`) instead of a
+    linear one; C is then None."""
     F, yy, wt = design(X, chunks, tr, ytr)
     if hidden:
-        spec = fit_hidden(F, yy, wt)
+        spec = fit_hidden(F, yy, wt, **hidden_settings)
         z = chunks.served_logits_of(cal, spec)
         ap = average_precision_score(ycal, z) if ycal.sum() > 0 else 0.0
         a, c = platt_of(z, ycal)
@@ -264,14 +265,14 @@ def platt_of(z, y):
     return float(platt.coef_[0][0]), float(platt.intercept_[0])
 
 
-def fit_hidden(F, yy, wt):
-    """A head with one hidden layer of MLP_UNITS ReLU units, fitted on the
+def fit_hidden(F, yy, wt, units=MLP_UNITS, alpha=MLP_ALPHA, epochs=MLP_EPOCHS, seed=SEED):
+    """A head with one hidden layer of `units` ReLU units, fitted on the
     standardised design rows; the standardisation is folded into the
     hidden weights, so the spec reads the raw features as served. Its
     linear part is zero."""
     scale = StandardScaler().fit(F)
-    net = MLPClassifier(hidden_layer_sizes=(MLP_UNITS,), alpha=MLP_ALPHA, batch_size=256,
-                        learning_rate_init=1e-3, max_iter=MLP_EPOCHS, random_state=SEED)
+    net = MLPClassifier(hidden_layer_sizes=(units,), alpha=alpha, batch_size=256,
+                        learning_rate_init=1e-3, max_iter=epochs, random_state=seed)
     with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
         warnings.simplefilter("ignore", ConvergenceWarning)
         net.fit(scale.transform(F), yy, sample_weight=wt)
