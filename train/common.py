@@ -70,7 +70,7 @@ def dedup_key(text: str) -> str:
 
 # MODERATO_FOLDS=text: out-of-fold scores (train_ngrams.py, train_heads.py)
 # on stable_folds, for trying a new file against a baseline retrained the
-# same way. Unset: the permutation draw the shipped heads (.14) were fitted
+# same way. Unset: the permutation draw the shipped heads (.14, .15) were fitted
 # with, so that retraining reproduces them; the next shipped revision should
 # switch (eval/ABLATION-real.md, 2026-11-27 morning).
 FOLD_RULE = os.environ.get("MODERATO_FOLDS", "draw")
