@@ -78,6 +78,10 @@ SOURCE_WEIGHTS = json.loads(
 # embedding heads (eval/ABLATION-real.md, 2026-11-26 evening).
 NGRAM_ONLY_SOURCES = {"real:toxic_spans", "real:davidson"}
 
+# Heads a source's labels do not teach (train_heads.py reads them as unknown;
+# the n-gram model still learns them): {"source": ["head", ...]}.
+HEADS_NOT_TAUGHT = json.loads(os.environ.get("MODERATO_HEADS_NOT_TAUGHT", "{}"))
+
 
 def real():
     if not REAL_LABELS.exists() or os.environ.get("MODERATO_NO_REAL") == "1":
@@ -310,6 +314,8 @@ def main():
         w = SOURCE_WEIGHTS.get(r["source"], 1.0)
         if w != 1.0:
             r["weight"] = w
+        if r["source"] in HEADS_NOT_TAUGHT:
+            r["not_for_heads"] = HEADS_NOT_TAUGHT[r["source"]]
     # Sources the heads leave out may still teach the n-gram model
     # (train_ngrams.py): kept aside, deduplicated like the rest.
     ngram_only = [r for r in rows if r["source"] in NGRAM_ONLY_SOURCES]

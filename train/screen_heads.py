@@ -64,7 +64,7 @@ def fitted_heads():
     linear, candidate = th.config(), th.config()
     for h in HEADS:
         X_h, chunks_h = (X, chunks) if h in th.NGRAM_HEADS else plain
-        lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
+        lab = th.head_labels(rows, h)
         known = ~np.isnan(lab)
         tr = np.where(known & (split == "train"))[0]
         cal = np.where(known & (split == "calib"))[0]

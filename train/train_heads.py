@@ -575,6 +575,18 @@ def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
                    "safe_prompt_budget": budget}
 
 
+def taught_label(row, head):
+    """A row's label for `head` as the heads learn it: unknown (nan) where
+    the source has none or is not to teach that head (prepare.py,
+    MODERATO_HEADS_NOT_TAUGHT)."""
+    v = row["labels"].get(head)
+    return np.nan if v is None or head in row.get("not_for_heads", ()) else v
+
+
+def head_labels(rows, head):
+    return np.array([taught_label(r, head) for r in rows], dtype=float)
+
+
 def main():
     rows, X, lex, chunks = load_rows()
     keep = drop_near_duplicates(rows)
@@ -596,7 +608,7 @@ def main():
     plain = without_ngrams(X, chunks)
     for h in HEADS:
         X_h, chunks_h = (X, chunks) if h in NGRAM_HEADS else plain
-        lab = np.array([np.nan if r["labels"][h] is None else r["labels"][h] for r in rows], dtype=float)
+        lab = head_labels(rows, h)
         known = ~np.isnan(lab)
         tr, cal = known & (split == "train"), known & (split == "calib")
         tr_i, cal_i = np.where(tr)[0], np.where(cal)[0]
@@ -618,8 +630,8 @@ def main():
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))
     harms = [c for c in CATEGORIES if c != "sexual/minors"]
-    labels = np.array([[np.nan if c == "sexual/minors" or rows[j]["labels"].get(c) is None else rows[j]["labels"][c]
-                        for c in CATEGORIES] for j in pool], dtype=float)
+    labels = np.array([[np.nan if c == "sexual/minors" else taught_label(rows[j], c) for c in CATEGORIES]
+                       for j in pool], dtype=float)
     harmless = np.array([all(rows[j]["labels"].get(c) == 0 for c in harms) for j in pool])
     hard_negative = harmless & np.array([rows[j]["source"].startswith("own:written_") for j in pool])
     safe = np.array([rows[j]["source"] == "own:written_safe_prompts" for j in pool])
