@@ -96,9 +96,17 @@ class Bert(torch.nn.Module):
         self.drop = torch.nn.Dropout(0.1)
 
     def forward(self, ids, mask):
+        *_, x = self.states(ids, mask)
+        m = mask[..., None].float()
+        pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)
+        return F.normalize(pooled, dim=-1)
+
+    def states(self, ids, mask):
+        """The token states after the embeddings and after each layer."""
         n, t = ids.shape
         x = self.word[ids] + self.pos[:t][None] + self.typ[0][None, None]
         x = self.drop(F.layer_norm(x, (x.shape[-1],), self.ln_w, self.ln_b, self.eps))
+        yield x
         bias = (1.0 - mask[:, None, None, :].float()) * -1e4
         d = x.shape[-1] // self.heads
         for layer in self.layers:
@@ -116,9 +124,7 @@ class Bert(torch.nn.Module):
             )
             h = lin["output_dense"](F.gelu(lin["intermediate_dense"](x)))
             x = F.layer_norm(x + self.drop(h), (x.shape[-1],), layer.output_LayerNorm_w, layer.output_LayerNorm_b, self.eps)
-        m = mask[..., None].float()
-        pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)
-        return F.normalize(pooled, dim=-1)
+            yield x
 
     def delta(self):
         """The adapters by the name of the base weight they adapt: `.lora_a`

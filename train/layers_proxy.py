@@ -36,28 +36,8 @@ def layer_means(model, seqs, size=64):
     for s in range(0, len(order), size):
         idx = order[s : s + size]
         ids, mask = pad([seqs[j] for j in idx])
-        n, t = ids.shape
-        x = model.word[ids] + model.pos[:t][None] + model.typ[0][None, None]
-        x = F.layer_norm(x, (x.shape[-1],), model.ln_w, model.ln_b, model.eps)
         m = mask[..., None].float()
-        states = [x]
-        bias = (1.0 - mask[:, None, None, :].float()) * -1e4
-        d = x.shape[-1] // model.heads
-        for layer in model.layers:
-            lin = layer.lin
-            split = lambda y: y.view(n, t, model.heads, d).transpose(1, 2)  # noqa: E731
-            q, k, v = (split(lin[f"attention_self_{m_}"](x)) for m_ in ("query", "key", "value"))
-            att = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(n, t, -1)
-            x = F.layer_norm(
-                x + lin["attention_output_dense"](att),
-                (x.shape[-1],),
-                layer.attention_output_LayerNorm_w,
-                layer.attention_output_LayerNorm_b,
-                model.eps,
-            )
-            h = lin["output_dense"](F.gelu(lin["intermediate_dense"](x)))
-            x = F.layer_norm(x + h, (x.shape[-1],), layer.output_LayerNorm_w, layer.output_LayerNorm_b, model.eps)
-            states.append(x)
+        states = list(model.states(ids, mask))
         for li, st in enumerate(states):
             pooled = (st * m).sum(1) / m.sum(1).clamp(min=1.0)
             out[idx, li] = F.normalize(pooled, dim=-1).numpy()
