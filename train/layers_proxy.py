@@ -46,7 +46,7 @@ def layer_means(model, seqs, size=64):
 
 def embeddings():
     if CACHE.exists():
-        z = np.load(CACHE, allow_pickle=True)
+        z = np.load(CACHE)
         return z["train"], z["y"], z["w"], z["val"], z["val_y"], z["tc"], z["tc_y"]
     torch.set_num_threads(2)
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl")]
