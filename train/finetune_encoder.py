@@ -9,7 +9,8 @@ are ~0.3 M numbers, small enough to live beside heads.json.
 
 The objective is the heads' own: per head, class-weighted binary
 cross-entropy on the mean-pooled, L2-normalised embedding of the text's first
-128 tokens (the served chunk), null labels left out. The linear layer used
+128 tokens (the served chunk), null labels and heads a source does not teach
+(MODERATO_HEADS_NOT_TAUGHT, prepare.py) left out. The linear layer used
 here is thrown away: train_heads.py fits the shipped heads on the adapted
 embeddings as on the base ones. The checkpoints (--evals per epoch) are compared on the
 validation half (any-category AUPRC of this throw-away head); nothing is
@@ -18,6 +19,10 @@ trained on it.
 Usage (in an environment of train/requirements-finetune.txt; MODERATO_ENCODER_ADAPTER=OUT
 train_heads.py then fits heads on it):
   python finetune_encoder.py OUT.safetensors [--rank 8] [--epochs 2] [--lr 1e-3]
+      [--extra-weight 0.5] [--only-real]
+--extra-weight adds the labelled real texts the heads leave out (Toxic Spans,
+Davidson: train/out/ngram_extra.jsonl); --only-real keeps the sources real:*
+alone. Neither helped the validation half (eval/ABLATION-real.md, 2026-11-27).
 """
 
 import argparse
@@ -35,6 +40,7 @@ from tokenizers import Tokenizer
 
 from common import HEADS, ROOT, WORK
 import eval_sets
+from train_heads import taught_label
 
 MINILM = ROOT / "models" / "minilm"
 MAX_TOKENS = 128
@@ -214,6 +220,13 @@ def validation_auprc(model, head, val_seqs, val_labels):
     return result
 
 
+def taught(row, head):
+    """The row's label for `head` as the heads learn it (-1: unknown, or a
+    head its source does not teach, MODERATO_HEADS_NOT_TAUGHT)."""
+    v = taught_label(row, head)
+    return -1 if np.isnan(v) else v
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -225,6 +238,13 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="rows (a quick timing run)")
     ap.add_argument("--real-weight", type=float, default=1.0, help="weight of the real texts (sources real:*)")
     ap.add_argument("--evals", type=int, default=4, help="validation checks per epoch")
+    ap.add_argument(
+        "--extra-weight",
+        type=float,
+        default=0.0,
+        help="also train on the labelled real texts the heads leave out (train/out/ngram_extra.jsonl: Toxic Spans, Davidson), at this weight",
+    )
+    ap.add_argument("--only-real", action="store_true", help="train on the real texts labelled by our definitions (sources real:*) alone")
     args = ap.parse_args()
     random.seed(SEED)
     torch.manual_seed(SEED)
@@ -232,13 +252,24 @@ def main():
 
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl")]
     rows = [r for r in rows if r["split"] == "train"]
+    if args.extra_weight > 0:
+        # Civil Comments and tweets labelled by our definitions: the register of
+        # the validation half, which the heads' rows lack. The heads do not learn
+        # their labels (prepare.py); the encoder may. prepare.py already dropped
+        # those that copy an evaluation text or a row of dataset.jsonl.
+        extra = [json.loads(line) for line in open(WORK / "ngram_extra.jsonl")]
+        for r in extra:
+            r["weight"] = args.extra_weight
+        rows += extra
+    if args.only_real:
+        rows = [r for r in rows if r["source"].startswith("real:")]
     if args.limit:
         random.shuffle(rows)
         rows = rows[: args.limit]
     tok = tokenizer()
     seqs = encode(tok, [r["text"] for r in rows])
     lens = [len(s) for s in seqs]
-    y = torch.tensor([[r["labels"].get(h) if r["labels"].get(h) is not None else -1 for h in HEADS] for r in rows], dtype=torch.float)
+    y = torch.tensor([[taught(r, h) for h in HEADS] for r in rows], dtype=torch.float)
     weight = torch.tensor([r.get("weight", 1.0) * (args.real_weight if r["source"].startswith("real:") else 1.0) for r in rows])
     known = y >= 0
     pos = ((y == 1) & known).sum(0).float()
