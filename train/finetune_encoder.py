@@ -103,9 +103,7 @@ class Bert(torch.nn.Module):
 
     def forward(self, ids, mask):
         *_, x = self.states(ids, mask)
-        m = mask[..., None].float()
-        pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)
-        return F.normalize(pooled, dim=-1)
+        return mean_pool(x, mask)
 
     def states(self, ids, mask):
         """The token states after the embeddings and after each layer."""
@@ -145,6 +143,12 @@ class Bert(torch.nn.Module):
                 out[key + ".lora_a"] = lin.a.detach().half().contiguous()
                 out[key + ".lora_b"] = (lin.b.detach() * lin.scale).half().contiguous()
         return out
+
+
+def mean_pool(states, mask):
+    """The L2-normalised mean of the token states over real tokens (as served)."""
+    m = mask[..., None].float()
+    return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1.0), dim=-1)
 
 
 def tokenizer():

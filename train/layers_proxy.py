@@ -14,14 +14,13 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
 import eval_sets
 from common import HEADS, WORK
-from finetune_encoder import MINILM, Bert, encode, pad, tokenizer
+from finetune_encoder import MINILM, Bert, encode, mean_pool, pad, taught, tokenizer
 
 CACHE = WORK / "layers_proxy.npz"
 
@@ -36,11 +35,8 @@ def layer_means(model, seqs, size=64):
     for s in range(0, len(order), size):
         idx = order[s : s + size]
         ids, mask = pad([seqs[j] for j in idx])
-        m = mask[..., None].float()
-        states = list(model.states(ids, mask))
-        for li, st in enumerate(states):
-            pooled = (st * m).sum(1) / m.sum(1).clamp(min=1.0)
-            out[idx, li] = F.normalize(pooled, dim=-1).numpy()
+        for li, st in enumerate(model.states(ids, mask)):
+            out[idx, li] = mean_pool(st, mask).numpy()
     return out
 
 
@@ -53,7 +49,7 @@ def embeddings():
     rows = [r for r in rows if r["split"] == "train"]
     tok = tokenizer()
     model = Bert(load_file(str(MINILM / "model.safetensors")), 1, 1)
-    y = np.array([[r["labels"].get(h) if r["labels"].get(h) is not None else -1 for h in HEADS] for r in rows], dtype=np.int8)
+    y = np.array([[taught(r, h) for h in HEADS] for r in rows], dtype=np.int8)
     w = np.array([r.get("weight", 1.0) for r in rows], dtype=np.float32)
     print(f"proxy: embedding {len(rows)} training rows", file=sys.stderr, flush=True)
     train = layer_means(model, encode(tok, [r["text"] for r in rows]))
