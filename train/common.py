@@ -312,3 +312,19 @@ def compose(out, parents=PARENTS):
         ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
         out[:, pi] = np.maximum(out[:, pi], out[:, ci])
     return out
+
+
+def paired_auprc_interval(y, a, b, seed: int, resamples: int = 500):
+    """95 % interval of AUPRC(b) - AUPRC(a) over paired bootstrap resamples of
+    the texts (resamples with one class only skipped). New measurements use
+    this one; compare.py, screen_heads.py and layers_proxy.py keep their own
+    draws until their recorded intervals are next refreshed."""
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(seed)
+    d = []
+    for _ in range(resamples):
+        r = rng.integers(0, len(y), len(y))
+        if 0 < y[r].sum() < len(r):
+            d.append(average_precision_score(y[r], b[r]) - average_precision_score(y[r], a[r]))
+    return np.percentile(d, 2.5), np.percentile(d, 97.5)
