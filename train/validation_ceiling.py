@@ -6,8 +6,8 @@ changes, and no choice of the shipped heads reads the result.
 For each of five folds of the half, the shipped training run
 (`train_heads.main`, same rows, features and settings) is repeated with the
 half's other four folds added as training rows (their 2022 labels in our
-head names, minor from S3; heads the half does not label unknown), and the
-heads it fits score the fold left out. The any-category AUPRC of those
+head names; the minor signal 1 where S3 is, else unknown; heads the half
+does not label unknown), and the heads it fits score the fold left out. The any-category AUPRC of those
 out-of-fold scores, against the shipped heads' on the same texts, says what
 the features the shipped heads read (MiniLM-L6's mean chunk embedding and
 the lexical features) can reach when the labels they learn are the half's
@@ -44,7 +44,11 @@ def half_as_rows(texts, labels, which, weight):
     """The half's texts `which` as training rows in prepare.py's shape."""
     rows = []
     for i in which:
-        got = {("minor" if c == "sexual/minors" else c): labels[c][i] for c in eval_sets.OPENAI_MAP.values()}
+        got = {c: labels[c][i] for c in eval_sets.OPENAI_MAP.values()}
+        # The minor head is the signal that a text is about a minor (serving
+        # takes sexual/minors as the lesser of it and sexual): S3 says it is
+        # where S3 is 1, and nothing where S3 is 0.
+        got["minor"] = 1 if got.pop("sexual/minors") == 1 else None
         rows.append({"text": texts[i], "source": SOURCE, "split": "train", "weight": weight,
                      "labels": {h: got.get(h) for h in HEADS}})
     return rows
