@@ -141,7 +141,10 @@ def main():
     before_doc = json.loads(BEFORE.read_text()) if BEFORE.exists() else {}
     before = before_doc.get("sets", {})
     if before_doc:
-        lines[-1:-1] = [f"\"before\" columns: heads `{before_doc.get('version')}` on the same texts.", ""]
+        # "measured": how the before figures were taken when that was not
+        # this code (an older build's examples and scoring, say).
+        how = f" {before_doc['measured']}" if before_doc.get("measured") else ""
+        lines[-1:-1] = [f"\"before\" columns: heads `{before_doc.get('version')}` on the same texts.{how}", ""]
         preamble = len(lines)
     metrics_out = {}
     summary = []
