@@ -67,11 +67,19 @@ assert MLP_HEADS <= set(HEADS), f"MODERATO_MLP_HEADS names no head: {sorted(MLP_
 MLP_UNITS = 128
 MLP_ALPHA = 1e-2  # L2 on the weights
 MLP_EPOCHS = 30
+# A hidden-layer head reads only features that vary by more than this.
+# MiniLM-L6's last LayerNorm scales dimensions 127, 223 and 319 by about
+# 1e-33 (its weight and bias there are ~0), so those embedding values are
+# tiny copies of a hidden state; standardised, they became features, and
+# the folded weights (~7e31) let 1e-33 values move the self-harm logit by
+# 0.45 on average (heads .15). Any change that rounds small values (a
+# half-precision cache, another LayerNorm) would then change scores.
+LIVE_STD = 1e-6
 # What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 15  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 16  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -270,14 +278,17 @@ def fit_hidden(F, yy, wt, units=MLP_UNITS, alpha=MLP_ALPHA, epochs=MLP_EPOCHS, s
     standardised design rows; the standardisation is folded into the
     hidden weights, so the spec reads the raw features as served. Its
     linear part is zero."""
+    live = F.std(axis=0) > LIVE_STD  # the others read as 0 and get weight 0 (see LIVE_STD)
     scale = StandardScaler().fit(F)
+    Z = scale.transform(F)
+    Z[:, ~live] = 0.0  # kept as inputs, so that the network's random start is the same
     net = MLPClassifier(hidden_layer_sizes=(units,), alpha=alpha, batch_size=256,
                         learning_rate_init=1e-3, max_iter=epochs, random_state=seed)
     with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
         warnings.simplefilter("ignore", ConvergenceWarning)
-        net.fit(scale.transform(F), yy, sample_weight=wt)
-    W1 = net.coefs_[0] / scale.scale_[:, None]  # (inputs, units)
-    b1 = net.intercepts_[0] - (scale.mean_ / scale.scale_) @ net.coefs_[0]
+        net.fit(Z, yy, sample_weight=wt)
+    W1 = np.where(live[:, None], net.coefs_[0] / scale.scale_[:, None], 0.0)  # (inputs, units)
+    b1 = net.intercepts_[0] - (scale.mean_ / scale.scale_)[live] @ net.coefs_[0][live]
     return {
         "w": [0.0] * DIM,
         "lex": [0.0] * (F.shape[1] - DIM),

@@ -544,4 +544,26 @@ mod tests {
             before.get(Category::Violence)
         );
     }
+
+    /// MiniLM-L6's last LayerNorm scales embedding dimensions 127, 223 and
+    /// 319 by about 1e-33. A head that standardises its inputs turns them
+    /// into features with weights near 1e31 (heads .15's self-harm layer),
+    /// and its score then hangs on values at the edge of float precision:
+    /// anything that rounds them (a half-precision cache, another
+    /// LayerNorm) would move it. The shipped weights are all below 10.
+    #[test]
+    fn shipped_heads_give_no_weight_to_vanishing_features() {
+        let file: HeadsFile =
+            serde_json::from_str(crate::moderation::text::model::SHIPPED_HEADS_JSON).unwrap();
+        for (name, head) in &file.heads {
+            let hidden = head.hidden.iter().flat_map(|h| h.w.iter().flatten());
+            let largest = head
+                .w
+                .iter()
+                .chain(head.lex.iter().flatten())
+                .chain(hidden)
+                .fold(0.0f32, |m, w| m.max(w.abs()));
+            assert!(largest < 1e3, "head {name} has a weight of {largest}");
+        }
+    }
 }
