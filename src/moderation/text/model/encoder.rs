@@ -130,6 +130,12 @@ impl MiniLm {
         self.cache = EmbeddingCache::new(entries);
     }
 
+    /// Runs `f` in the encoder's thread pool (the second encoder's passes
+    /// too, for the same reason as MiniLM's own).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     pub fn cache(&self) -> Option<&EmbeddingCache> {
         self.cache.as_ref()
     }
@@ -386,7 +392,7 @@ fn sentence_ranges(text: &str, offsets: &[(usize, usize)]) -> Vec<std::ops::Rang
 
 /// How many of the windows at the head of `windows` go in the next pass:
 /// up to [`MAX_BATCH_TOKENS`] tokens, and at least one window.
-fn batch_len(windows: &[&[u32]]) -> usize {
+pub(super) fn batch_len(windows: &[&[u32]]) -> usize {
     let mut tokens = 0;
     let n = windows
         .iter()

@@ -42,7 +42,16 @@ impl ModelFile {
 
 /// Reads `dir/<file>` and checks its sha256.
 pub fn read_verified(dir: &Path, file: ModelFile) -> Result<Vec<u8>, TextModelError> {
-    let path = dir.join(file.name());
+    read_pinned(dir, file.name(), file.sha256())
+}
+
+/// Reads `dir/<name>` and checks it against the pinned `sha256`.
+pub fn read_pinned(
+    dir: &Path,
+    name: &str,
+    sha256: &'static str,
+) -> Result<Vec<u8>, TextModelError> {
+    let path = dir.join(name);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -51,10 +60,10 @@ pub fn read_verified(dir: &Path, file: ModelFile) -> Result<Vec<u8>, TextModelEr
         Err(source) => return Err(TextModelError::Io { path, source }),
     };
     let actual = hex::encode(Sha256::digest(&bytes));
-    if actual != file.sha256() {
+    if actual != sha256 {
         return Err(TextModelError::ChecksumMismatch {
             path,
-            expected: file.sha256(),
+            expected: sha256,
             actual,
         });
     }

