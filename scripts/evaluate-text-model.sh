@@ -8,11 +8,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 "$ROOT/scripts/fetch-minilm.sh"
+"$ROOT/scripts/fetch-e5.sh"
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet -r train/requirements.txt
-cargo build --quiet --example embed --example lexical_features
+cargo build --quiet --example embed --example lexical_features --example embed_e5
 
 cd train
 [[ -f out/dataset.jsonl ]] || ../.venv/bin/python prepare.py

@@ -51,6 +51,7 @@ PARENTS = [
     ["violence/graphic", "violence"],
 ]
 DIM = 384
+E5_DIM = 384  # multilingual-e5-small, the second encoder
 # Lexical features appended to the embedding by the heads: the lexical layer's
 # 11 category scores (CATEGORIES order) and its minor signal, then the n-gram
 # model's logit of every head (HEADS order) times NGRAM_FEATURE_SCALE,
@@ -100,6 +101,47 @@ def embed_bin() -> Path:
 
 def lexical_bin() -> Path:
     return examples_dir() / "lexical_features"
+
+
+E5_STORE = WORK / "e5" / "windows.pkl"
+
+
+def e5_embeddings(texts, label: str = ""):
+    """multilingual-e5 embeddings of the raw texts as the service computes
+    them (the Rust example `embed_e5`): one normalised row per scoring
+    window (a text of up to 128 tokens is one), and the text index of each
+    row, as embed_texts returns MiniLM's chunks. Stored per text in
+    train/out/e5/windows.pkl, so only texts never seen are embedded (about
+    19 ms a short text on two cores)."""
+    store = pickle.loads(E5_STORE.read_bytes()) if E5_STORE.exists() else {}
+    missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
+    if missing:
+        print(f"e5 {label}: {len(missing)} new texts", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as d:
+            jsonl, out = Path(d) / "in.jsonl", Path(d) / "out"
+            with open(jsonl, "w") as f:
+                for t in missing:
+                    f.write(json.dumps({"text": t}) + "\n")
+            subprocess.run([str(examples_dir() / "embed_e5"), str(jsonl), str(out)], check=True, cwd=ROOT)
+            rows = np.fromfile(f"{out}.f32", dtype="<f4").reshape(-1, E5_DIM)
+            line = np.fromfile(f"{out}.idx", dtype="<u4")
+        for i, t in enumerate(missing):
+            store[_text_key(t)] = rows[line == i]
+        E5_STORE.parent.mkdir(parents=True, exist_ok=True)
+        E5_STORE.write_bytes(pickle.dumps(store, protocol=pickle.HIGHEST_PROTOCOL))
+    parts = [store[_text_key(t)] for t in texts]
+    if not parts:
+        return np.zeros((0, E5_DIM), np.float32), np.zeros(0, np.int64)
+    idx = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
+    return np.concatenate(parts).astype(np.float32), idx.astype(np.int64)
+
+
+def e5_text_means(vecs, idx, n):
+    """One vector per text: the mean of its windows' embeddings (for
+    fitting; a text of one window keeps its own)."""
+    out = np.zeros((n, vecs.shape[1]), dtype=np.float64)
+    np.add.at(out, idx, vecs)
+    return out / np.maximum(np.bincount(idx, minlength=n), 1)[:, None]
 
 
 def ngram_model_sha256() -> str:
@@ -251,10 +293,12 @@ def text_level_mean(vecs, idx, n):
     return out
 
 
-def apply_heads(heads: dict, vecs, idx, n, lex=None):
+def apply_heads(heads: dict, vecs, idx, n, lex=None, e5=None):
     """Scores per text exactly as the Rust classifier computes them:
     per-window sigmoid heads (embedding and the text's lexical features),
-    max over windows, then composition."""
+    max over windows, then composition; then, for heads with an e5 block,
+    the second stage (`e5`: the texts' e5_embeddings, see second_stage).
+    Every text must have e5 windows (np.maximum.at leaves none out)."""
     names = [c for c in CATEGORIES]
     W = np.zeros((len(names), DIM), dtype=np.float32)
     U = np.zeros((len(names), LEX_DIM), dtype=np.float32)
@@ -279,7 +323,54 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None):
     p = 1.0 / (1.0 + np.exp(-z))
     out = np.zeros((n, len(names)), dtype=np.float32)
     np.maximum.at(out, idx, p)
-    return compose(out, heads.get("parents", []))
+    out = compose(out, heads.get("parents", []))
+    if heads.get("e5"):
+        if e5 is None:
+            raise ValueError("these heads have an e5 block: pass e5 (e5_embeddings of the texts)")
+        out = second_stage(out, e5_logits(heads["e5"], e5), heads["e5"], heads.get("parents", []))
+    return out
+
+
+def e5_if_needed(heads: dict, texts, label: str = ""):
+    """The texts' e5 window embeddings (rows, text index) when `heads` read
+    them, else None."""
+    return e5_embeddings(texts, label) if heads.get("e5") else None
+
+
+def e5_logits(block: dict, e5):
+    """The e5 heads' logits per text (CATEGORIES columns, NaN where a
+    category has no e5 head): per category the strongest over the text's
+    windows (Rust E5Block::mix). `e5` is e5_embeddings' (rows, text index)."""
+    vecs, idx = e5
+    n = int(idx.max()) + 1 if len(idx) else 0
+    Z = np.full((n, len(CATEGORIES)), np.nan, dtype=np.float64)
+    for c, spec in block["heads"].items():
+        z = np.full(n, -np.inf)
+        np.maximum.at(z, idx, vecs.astype(np.float64) @ np.asarray(spec["w"], dtype=np.float64) + spec["b"])
+        Z[:, CATEGORIES.index(c)] = z
+    return Z
+
+
+LOGIT_CLIP = 1e-6
+
+
+def second_stage(S, Z, block: dict, parents=PARENTS):
+    """Rust E5Block: for texts whose strongest composed score reaches the
+    gate, each category with an e5 head gets the sigmoid of
+    (1 - weight) * logit(score) + weight * e5 logit; then parents are raised
+    to their children again (sexual/minors is not composed again)."""
+    S = np.array(S, dtype=np.float64)
+    gated = S.max(axis=1) >= block["gate"]
+    a = block["weight"]
+    for i in range(len(CATEGORIES)):
+        if np.isnan(Z[:, i]).all():
+            continue
+        p = np.clip(S[gated, i], LOGIT_CLIP, 1 - LOGIT_CLIP)
+        S[gated, i] = 1.0 / (1.0 + np.exp(-((1 - a) * np.log(p / (1 - p)) + a * Z[gated, i])))
+    for child, parent in parents:
+        ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
+        S[gated, pi] = np.maximum(S[gated, pi], S[gated, ci])
+    return S.astype(np.float32)
 
 
 def hidden_logit(hidden: dict, vecs, lex_rows):

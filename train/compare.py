@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from common import CATEGORIES, NGRAM_MODEL_PATH, _sha256, apply_heads, decide, embed_texts, lexical_features
+from common import CATEGORIES, NGRAM_MODEL_PATH, _sha256, apply_heads, decide, e5_if_needed, embed_texts, lexical_features
 import eval_sets
 from evaluate import sample_indices
 
@@ -56,7 +56,7 @@ def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH, examples=None):
         os.environ.pop("MODERATO_EXAMPLES_DIR", None)
     cfg = dict(heads, input="raw")
     vecs, idx = embed_texts(texts, cfg, name, namespace="wide")
-    S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
+    S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts), e5_if_needed(cfg, texts, name))
     flags = decide(S, np.array([heads["thresholds"][c] for c in CATEGORIES]), heads.get("parents", []))
     return S, flags
 
@@ -64,7 +64,8 @@ def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH, examples=None):
 def figures(S, flags, labels, rows):
     """any AUPRC, mean per-category AUPRC, and any-category F1/FPR/recall of the flags, over `rows`."""
     out = {}
-    ya = np.array([labels["any"][i] for i in rows], dtype=float)
+    # A set labelled in one category only (ethos_violence) has no "any".
+    ya = np.array([labels["any"][i] for i in rows] if "any" in labels else [np.nan] * len(rows), dtype=float)
     known = ~np.isnan(ya)
     y, s, f = ya[known].astype(int), S[rows][known].max(axis=1), flags[rows][known].any(axis=1)
     out["any"] = average_precision_score(y, s) if 0 < y.sum() < len(y) else np.nan

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.metrics import average_precision_score, precision_recall_curve  # noqa: E402
 
-from common import CATEGORIES, HEADS_PATH, ROOT, WORK, apply_heads, decide, embed_texts, lexical_features  # noqa: E402
+from common import CATEGORIES, HEADS_PATH, ROOT, WORK, apply_heads, decide, e5_if_needed, embed_texts, lexical_features  # noqa: E402
 import eval_sets  # noqa: E402
 
 OUT = ROOT / "eval"
@@ -152,7 +152,7 @@ def main():
     sets = {name: v for name, v in sets.items() if v[1]}  # e.g. no dev set written yet
     for name, (kind, texts, labels) in sets.items():
         vecs, idx = embed_texts(texts, cfg, name, namespace="wide" if name != "heldout" else "train")
-        S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
+        S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts), e5_if_needed(cfg, texts, name))
         flags = decide(S, np.array([thr[k] for k in CATEGORIES]), heads.get("parents", []))
         prof = profanity_scores(texts)
         lines += [f"## {name} ({kind}, {len(texts)} texts)", "",

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from common import CATEGORIES, HEADS_PATH, apply_heads, decide, embed_texts, lexical_features
+from common import CATEGORIES, HEADS_PATH, apply_heads, decide, e5_if_needed, embed_texts, lexical_features
 
 # Text, and the category it must flag ("" = must flag nothing; None = shown only).
 PROBES = [
@@ -59,7 +59,7 @@ def main():
     texts = [t for t, _ in probes]
     cfg = dict(heads, input="both")
     vecs, idx = embed_texts(texts, cfg, "probe", namespace="probe")
-    S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts))
+    S = apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts), e5_if_needed(cfg, texts, "probe"))
     th = np.array([heads["thresholds"][c] for c in CATEGORIES])
     flags = decide(S, th, heads.get("parents", []))
     failed = 0

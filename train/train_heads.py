@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -77,6 +77,20 @@ MLP_EPOCHS = 30
 LIVE_STD = 1e-6
 # What heads are fitted on: "served" (harmless texts as every chunk, see design) or "mean".
 TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
+# The second stage (Rust E5Block): per category a logistic regression on
+# multilingual-e5's embedding of the whole raw text (standardised, C = E5_C,
+# the training split only), whose logit is averaged with the first stage's
+# for texts whose strongest first-stage score reaches E5_GATE. Measured as a
+# proxy first (second_encoder_proxy.py, eval/ABLATION-real.md): validation
+# any-category 0.804 -> 0.840 with the weight and C untuned. Off by default:
+# the candidate it gave (2026-11-28.17: validation 0.823 / 0.578) flagged
+# "See you at the meeting tomorrow." as a threat and let a threat in a long
+# post and a threat after a harmless item through (eval/ABLATION-real.md).
+# MODERATO_E5=1 trains heads with it; MODERATO_E5_GATE sets the gate.
+USE_E5 = os.environ.get("MODERATO_E5", "0") == "1"
+E5_C = 0.01
+E5_WEIGHT = 0.5
+E5_GATE = float(os.environ.get("MODERATO_E5_GATE", "0.1"))
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
 REVISION = 16  # the same day's heads differ by this suffix: raise it when they change
@@ -415,7 +429,7 @@ def validation_scores(out):
     # Measured on the raw view, as evaluate.py measures every set (and from its store).
     cfg = dict(out, input="raw")
     vecs, idx = embed_texts(texts, cfg, "validation", namespace="wide")
-    return apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts)), labels
+    return apply_heads(cfg, vecs, idx, len(texts), lexical_features(texts), e5_if_needed(cfg, texts, "validation")), labels
 
 
 # An any-category FPR bound on the validation half, met by joint_any_category
@@ -586,6 +600,53 @@ def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
                    "safe_prompt_budget": budget}
 
 
+def fit_e5_block(rows, split, pool):
+    """The e5 block of heads.json, and the e5 logits (CATEGORIES columns,
+    NaN where no head) of the pool rows as unseen as the first stage's
+    scores there: out of fold (by text) for training rows, the final
+    regressions for calibration rows. Fitted on each text's mean window
+    embedding; scored as served, by the strongest window. Standardisation
+    is folded into w, b."""
+    vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows")
+    E = e5_text_means(vecs, idx, len(rows))
+    train = split == "train"
+    mu, sd = E[train].mean(0), E[train].std(0) + 1e-6
+    Zs = (E - mu) / sd
+    folds = stable_folds([r["text"] for r in rows], K_FOLDS, f"e5:{SEED}")
+    pool_train = train[pool]
+    in_pool = np.full(len(rows), -1)
+    in_pool[pool] = np.arange(len(pool))
+    window_pool = in_pool[idx]  # each window's row in the pool, -1 outside it
+    on_pool = window_pool >= 0
+
+    def strongest(w, b, windows):
+        """Per pool row, its strongest window's logit (windows: a mask)."""
+        z = np.full(len(pool), -np.inf)
+        np.maximum.at(z, window_pool[windows], vecs[windows].astype(np.float64) @ w + b)
+        return z
+
+    heads, Z = {}, np.full((len(pool), len(CATEGORIES)), np.nan)
+    for i, c in enumerate(CATEGORIES):
+        y = head_labels(rows, c)
+        fit = train & ~np.isnan(y)
+        if y[fit].sum() < 5:
+            continue  # sexual/minors: no training row labels it
+        lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs[fit], y[fit].astype(int))
+        w = lr.coef_[0] / sd
+        heads[c] = {"w": w.tolist(), "b": float(lr.intercept_[0] - w @ mu)}
+        Z[:, i] = strongest(w, heads[c]["b"], on_pool)
+        for k in range(K_FOLDS):
+            part = fit & (folds != k)
+            m = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs[part], y[part].astype(int))
+            wk = m.coef_[0] / sd
+            held = pool_train & (folds[pool] == k)
+            zk = strongest(wk, m.intercept_[0] - wk @ mu, on_pool & held[np.maximum(window_pool, 0)])
+            Z[held, i] = zk[held]
+        print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}", file=sys.stderr)
+    block = {"gate": E5_GATE, "weight": E5_WEIGHT, "heads": heads}
+    return block, Z
+
+
 def taught_label(row, head):
     """A row's label for `head` as the heads learn it: unknown (nan) where
     the source has none or is not to teach that head (prepare.py,
@@ -640,6 +701,9 @@ def main():
     })
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))
+    if USE_E5:
+        out["e5"], Z = fit_e5_block(rows, split, pool)
+        P = second_stage(P, Z, out["e5"], PARENTS)
     harms = [c for c in CATEGORIES if c != "sexual/minors"]
     labels = np.array([[np.nan if c == "sexual/minors" else taught_label(rows[j], c) for c in CATEGORIES]
                        for j in pool], dtype=float)
@@ -670,6 +734,10 @@ def choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, saf
     # labels it inherits the sexual threshold.
     if os.environ.get("MODERATO_THRESHOLDS", "validation") != "validation":
         out["thresholds"]["sexual/minors"] = out["thresholds"]["sexual"]
+    if "e5" in out:
+        for spec in out["e5"]["heads"].values():
+            spec["w"] = [round(x, 7) for x in spec["w"]]
+            spec["b"] = round(spec["b"], 6)
     for h in heads:
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
         heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]

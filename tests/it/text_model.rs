@@ -206,6 +206,8 @@ fn models_copy(replaced: Option<(&str, &[u8])>, missing: Option<&str>) -> tempfi
             .unwrap(),
         }
     }
+    // The second encoder's file, untouched (heads with an e5 block load it).
+    std::os::unix::fs::symlink(models_dir().join("e5"), dir.path().join("e5")).unwrap();
     dir
 }
 
@@ -520,4 +522,84 @@ fn the_ngram_layer_reads_web_insults_and_the_served_model_flags_them() {
         assert!(z > kindest + 0.5, "{insult:?}: {z} vs {kindest}");
         assert_flags(insult, Category::Harassment);
     }
+}
+
+/// The shipped heads with a second stage whose every e5 head reads one
+/// embedding dimension: the wiring is tested with the real e5 encoder
+/// whatever weights a release ships (no shipped heads have an e5 block
+/// yet: the candidate 2026-11-28.17's failures are in eval/ABLATION-real.md).
+fn heads_with_second_stage(gate: f32) -> String {
+    let mut heads: serde_json::Value = serde_json::from_str(SHIPPED_HEADS_JSON).unwrap();
+    let mut w = vec![0.0f32; 384];
+    w[0] = 40.0;
+    let e5_heads: serde_json::Map<String, serde_json::Value> = ["harassment", "violence"]
+        .iter()
+        .map(|c| (c.to_string(), serde_json::json!({"w": w, "b": 0.0})))
+        .collect();
+    heads["e5"] = serde_json::json!({"gate": gate, "weight": 0.5, "heads": e5_heads});
+    heads.to_string()
+}
+
+#[test]
+fn the_second_encoder_rereads_what_the_first_stage_suspects_and_only_that() {
+    let gate = 0.1;
+    let second =
+        EmbeddingClassifier::load_with_heads(&models_dir(), &heads_with_second_stage(gate))
+            .unwrap();
+    let benign = "Can you recommend a good recipe for banana bread?";
+    let suspect = "kill yourself you worthless loser";
+    let before = model().score_batch(&[benign, suspect]).unwrap();
+    let after = second.score_batch(&[benign, suspect]).unwrap();
+    let strongest = |s: &CategoryScores| s.0.iter().copied().fold(0.0f32, f32::max);
+    assert!(strongest(&before[0]) < gate, "{:?}", before[0]);
+    assert_eq!(
+        after[0], before[0],
+        "plainly harmless text is not read again"
+    );
+    assert!(strongest(&before[1]) >= gate, "{:?}", before[1]);
+    for c in [Category::Harassment, Category::Violence] {
+        assert_ne!(
+            after[1].get(c),
+            before[1].get(c),
+            "{c} gets the second encoder's say"
+        );
+    }
+    assert_eq!(
+        after[1].get(Category::Hate),
+        before[1].get(Category::Hate),
+        "no e5 head for hate"
+    );
+    // Items get it as the batch does; the explained scores are the scores.
+    let (items, combined) = second
+        .score_items(&[benign, suspect], &Deadline::distant())
+        .unwrap();
+    assert_eq!(items, after);
+    let explained = second
+        .score_items_explained(&[benign, suspect], &Deadline::distant())
+        .unwrap();
+    assert_eq!(explained.items, items);
+    assert_eq!(explained.combined, combined);
+    // The combined text is read again too: it differs from the first stage's.
+    let (_, first_combined) = model()
+        .score_items(&[benign, suspect], &Deadline::distant())
+        .unwrap();
+    assert_ne!(combined, first_combined);
+}
+
+#[test]
+fn heads_with_a_second_stage_need_its_file() {
+    model();
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(models_dir().join("minilm"), dir.path().join("minilm")).unwrap();
+    let heads = heads_with_second_stage(0.1);
+    let err = EmbeddingClassifier::load_with_heads(dir.path(), &heads)
+        .err()
+        .expect("load without e5 should fail");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("e5-small-q4.bin") && msg.contains("scripts/setup.sh"),
+        "{msg}"
+    );
+    // The shipped heads have no second stage and do not need the file.
+    EmbeddingClassifier::load(dir.path()).expect("the shipped heads load without e5");
 }

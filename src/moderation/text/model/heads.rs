@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
+use super::e5::E5_DIM;
 use super::encoder::{WindowConfig, EMBEDDING_DIM};
 use super::TextModelError;
 use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
@@ -86,6 +87,22 @@ struct HeadsFile {
     /// for heads of before it.
     #[serde(default)]
     ngram_model: Option<String>,
+    /// The second encoder's heads; absent in heads that read MiniLM alone.
+    #[serde(default)]
+    e5: Option<E5Spec>,
+}
+
+#[derive(Deserialize)]
+struct E5Spec {
+    gate: f32,
+    weight: f32,
+    heads: HashMap<String, LinearSpec>,
+}
+
+#[derive(Deserialize)]
+struct LinearSpec {
+    w: Vec<f32>,
+    b: f32,
 }
 
 #[derive(Deserialize)]
@@ -180,6 +197,53 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// What the second encoder (multilingual-e5, see [`super::e5`]) adds:
+/// per category a logistic head on its embedding of the whole text, whose
+/// logit is averaged with the first stage's, weighted by `weight`. It is
+/// consulted only for texts whose strongest first-stage score reaches
+/// `gate`: most texts people send are plainly harmless, and for them the
+/// second encoder (twice MiniLM's cost) would change nothing a threshold
+/// acts on.
+pub struct E5Block {
+    gate: f32,
+    weight: f32,
+    /// Indexed by category; `None` where the second encoder has no head.
+    heads: Vec<Option<(Vec<f32>, f32)>>,
+}
+
+/// Logits of probabilities this close to 0 or 1 are clipped, as in training.
+const LOGIT_CLIP: f32 = 1e-6;
+
+fn logit(p: f32) -> f32 {
+    let p = p.clamp(LOGIT_CLIP, 1.0 - LOGIT_CLIP);
+    (p / (1.0 - p)).ln()
+}
+
+impl E5Block {
+    /// Whether a text with these first-stage scores is read again.
+    pub fn consulted(&self, scores: &CategoryScores) -> bool {
+        scores.iter().any(|(_, s)| s >= self.gate)
+    }
+
+    /// Per category with an e5 head, its strongest logit over `windows`
+    /// averaged with the first stage's.
+    fn mix(&self, scores: &mut CategoryScores, windows: &[Vec<f32>]) {
+        if windows.is_empty() {
+            return;
+        }
+        for c in Category::ALL {
+            if let Some((w, b)) = &self.heads[c.index()] {
+                let strongest = windows
+                    .iter()
+                    .map(|e| dot(w, e) + b)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let z = (1.0 - self.weight) * logit(scores.get(c)) + self.weight * strongest;
+                scores.set(c, 1.0 / (1.0 + (-z).exp()));
+            }
+        }
+    }
+}
+
 pub struct Heads {
     pub version: String,
     pub input: InputKind,
@@ -196,6 +260,7 @@ pub struct Heads {
     /// (child, parent): the parent is raised to at least the child's score,
     /// since e.g. a self-harm intent is self-harm.
     parents: Vec<(Category, Category)>,
+    pub e5: Option<E5Block>,
 }
 
 impl Heads {
@@ -233,6 +298,7 @@ impl Heads {
                 "window must have 8..=512 tokens and a stride > 0".into(),
             ));
         }
+        let e5 = file.e5.map(e5_block).transpose()?;
         Ok(Heads {
             version: file.version,
             input: file.input,
@@ -246,6 +312,7 @@ impl Heads {
             minor,
             thresholds,
             parents,
+            e5,
         })
     }
 
@@ -275,13 +342,28 @@ impl Heads {
         let minor = max_over_windows.get(Category::SexualMinors);
         let sexual = max_over_windows.get(Category::Sexual);
         max_over_windows.set(Category::SexualMinors, sexual.min(minor));
-        for &(child, parent) in &self.parents {
-            let raised = max_over_windows
-                .get(parent)
-                .max(max_over_windows.get(child));
-            max_over_windows.set(parent, raised);
-        }
+        self.raise_parents(&mut max_over_windows);
         max_over_windows
+    }
+
+    fn raise_parents(&self, scores: &mut CategoryScores) {
+        for &(child, parent) in &self.parents {
+            let raised = scores.get(parent).max(scores.get(child));
+            scores.set(parent, raised);
+        }
+    }
+
+    /// The final scores of a text the second encoder was consulted on:
+    /// its composed first-stage `scores` mixed with the e5 heads' strongest
+    /// reading over the e5 embeddings of the text's `windows` (every
+    /// window of every view), parents raised again. Unchanged without an
+    /// e5 block.
+    pub fn with_e5(&self, mut scores: CategoryScores, windows: &[Vec<f32>]) -> CategoryScores {
+        if let Some(block) = &self.e5 {
+            block.mix(&mut scores, windows);
+            self.raise_parents(&mut scores);
+        }
+        scores
     }
 }
 
@@ -318,6 +400,31 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
         lex,
         b: spec.b,
         hidden,
+    })
+}
+
+fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
+    if !(0.0..=1.0).contains(&spec.gate) || !(0.0..=1.0).contains(&spec.weight) {
+        return Err(invalid("e5: gate and weight must be in [0, 1]".into()));
+    }
+    let mut heads: Vec<Option<(Vec<f32>, f32)>> = vec![None; Category::ALL.len()];
+    for (name, head) in spec.heads {
+        let c = category(&name)?;
+        if head.w.len() != E5_DIM {
+            return Err(invalid(format!(
+                "e5 head {name} has {} weights, expected {E5_DIM}",
+                head.w.len()
+            )));
+        }
+        if !head.b.is_finite() || head.w.iter().any(|w| !w.is_finite()) {
+            return Err(invalid(format!("e5 head {name} has a non-finite weight")));
+        }
+        heads[c.index()] = Some((head.w, head.b));
+    }
+    Ok(E5Block {
+        gate: spec.gate,
+        weight: spec.weight,
+        heads,
     })
 }
 
@@ -423,6 +530,88 @@ mod tests {
         raw.set(Category::SelfHarm, 0.1);
         let s = heads.compose(raw);
         assert_eq!(s.get(Category::SelfHarm), 0.8);
+    }
+
+    /// Heads whose first stage gives every category sigmoid(-5) but
+    /// self-harm/intent sigmoid(`intent_bias`), with an e5 block whose
+    /// self-harm/intent head reads embedding value 0 with weight 10.
+    fn heads_with_e5(intent_bias: f32, gate: f32) -> Heads {
+        let mut v: serde_json::Value = serde_json::from_str(&heads_json(-5.0, -5.0)).unwrap();
+        v["heads"]["self-harm/intent"]["b"] = serde_json::json!(intent_bias);
+        let mut w = vec![0.0f32; E5_DIM];
+        w[0] = 10.0;
+        v["e5"] = serde_json::json!({
+            "gate": gate,
+            "weight": 0.5,
+            "heads": {"self-harm/intent": {"w": w, "b": 0.0}},
+        });
+        Heads::parse(&v.to_string()).unwrap()
+    }
+
+    fn first_stage(heads: &Heads) -> CategoryScores {
+        let emb = vec![0.0f32; EMBEDDING_DIM];
+        heads.compose(heads.window_scores(&emb, &LexicalFeatures::default()))
+    }
+
+    #[test]
+    fn the_second_stage_averages_logits_and_raises_parents_again() {
+        let heads = heads_with_e5(1.0, 0.5);
+        let before = first_stage(&heads);
+        let block = heads.e5.as_ref().unwrap();
+        assert!(
+            block.consulted(&before),
+            "sigmoid(1) = 0.73 reaches the gate"
+        );
+        let mut e5 = vec![0.0f32; E5_DIM];
+        e5[0] = 0.3; // e5 logit 3: the mix is sigmoid((1 + 3) / 2)
+        let after = heads.with_e5(before, &[e5.clone()]);
+        let expected = 1.0 / (1.0 + (-2.0f32).exp());
+        assert!((after.get(Category::SelfHarmIntent) - expected).abs() < 1e-5);
+        assert_eq!(
+            after.get(Category::SelfHarm),
+            after.get(Category::SelfHarmIntent)
+        );
+        // Categories without an e5 head keep their first-stage score.
+        assert_eq!(after.get(Category::Hate), before.get(Category::Hate));
+        // A clear "no" from e5 lowers the score.
+        e5[0] = -0.5;
+        let no = heads.with_e5(before, &[e5.clone()]);
+        assert!(no.get(Category::SelfHarmIntent) < 0.2);
+        // The strongest window speaks for a text: one "yes" among "no"s.
+        let mut yes = e5.clone();
+        yes[0] = 0.3;
+        assert_eq!(heads.with_e5(before, &[e5, yes]), after);
+    }
+
+    #[test]
+    fn texts_under_the_gate_are_not_read_again() {
+        let heads = heads_with_e5(-5.0, 0.1);
+        let scores = first_stage(&heads);
+        assert!(!heads.e5.as_ref().unwrap().consulted(&scores), "{scores:?}");
+        let plain = Heads::parse(&heads_json(-5.0, -5.0)).unwrap();
+        assert!(plain.e5.is_none());
+        assert_eq!(plain.with_e5(scores, &[vec![1.0; E5_DIM]]), scores);
+    }
+
+    #[test]
+    fn rejects_an_e5_block_of_the_wrong_width_or_range() {
+        let good = heads_json(0.0, 0.0);
+        let with = |e5: serde_json::Value| {
+            let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+            v["e5"] = e5;
+            Heads::parse(&v.to_string())
+        };
+        let head = serde_json::json!({"hate": {"w": vec![0.0f32; E5_DIM], "b": 0.0}});
+        assert!(with(serde_json::json!({"gate": 0.1, "weight": 0.5, "heads": head})).is_ok());
+        let err = with(serde_json::json!({"gate": 0.1, "weight": 0.5,
+            "heads": {"hate": {"w": [1.0], "b": 0.0}}}))
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("e5 head hate"), "{err}");
+        assert!(with(serde_json::json!({"gate": 1.5, "weight": 0.5, "heads": head})).is_err());
+        assert!(with(serde_json::json!({"gate": 0.1, "weight": 0.5,
+            "heads": {"nonsense": {"w": vec![0.0f32; E5_DIM], "b": 0.0}}}))
+        .is_err());
     }
 
     #[test]

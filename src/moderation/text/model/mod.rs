@@ -18,9 +18,11 @@
 mod adapter;
 mod bert;
 mod cache;
+pub mod e5;
 mod encoder;
 mod files;
 mod heads;
+mod q4;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -30,6 +32,7 @@ pub use encoder::{WindowConfig, EMBEDDING_DIM};
 pub use files::MINILM_DIR;
 pub use heads::{InputKind, LexicalFeatures, LEXICAL_FEATURES};
 
+use e5::{E5, E5_DIR};
 use encoder::MiniLm;
 use heads::Heads;
 
@@ -83,6 +86,8 @@ pub enum TextModelError {
 /// `Send + Sync`; inference is blocking and CPU-bound.
 pub struct EmbeddingClassifier {
     encoder: MiniLm,
+    /// The second encoder, loaded when the heads have an e5 block.
+    e5: Option<E5>,
     heads: Heads,
     lexical: LexicalClassifier,
     ngrams: NgramModel,
@@ -147,8 +152,13 @@ impl EmbeddingClassifier {
             }
         };
         let encoder = MiniLm::load(&models_dir.join(MINILM_DIR), adapter.as_ref())?;
+        let e5 = match heads.e5 {
+            Some(_) => Some(E5::load(&models_dir.join(E5_DIR))?),
+            None => None,
+        };
         Ok(EmbeddingClassifier {
             encoder,
+            e5,
             heads,
             lexical: LexicalClassifier::new(),
             ngrams,
@@ -250,7 +260,7 @@ impl EmbeddingClassifier {
         }
         groups.push(boundary);
         let embedded = self.embed_grouped(&groups, deadline)?;
-        let scores = embedded
+        let mut scores: Vec<CategoryScores> = embedded
             .iter()
             .zip(items)
             .map(|(e, text)| {
@@ -264,6 +274,7 @@ impl EmbeddingClassifier {
                 self.text_scores(embedded.iter().flatten(), &lexical)
             })
             .reduce(|a, b| a.max_with(&b));
+        let combined = self.second_stage_items(items, &mut scores, combined, deadline)?;
         Ok((scores, combined))
     }
 
@@ -357,6 +368,7 @@ impl EmbeddingClassifier {
         }
         if items.len() < 2 {
             let combined = scores.first().copied();
+            let combined = self.second_stage_items(items, &mut scores, combined, deadline)?;
             return Ok(ExplainedScores {
                 items: scores,
                 combined,
@@ -370,6 +382,7 @@ impl EmbeddingClassifier {
             .iter()
             .map(|lexical| self.text_scores(embedded.iter().flatten(), lexical))
             .reduce(|a, b| a.max_with(&b));
+        let combined = self.second_stage_items(items, &mut scores, combined, deadline)?;
         let item_chunks = placed.iter().enumerate().flat_map(|(k, chunks)| {
             chunks.iter().map(move |(_, range)| {
                 let bytes = range.clone()?;
@@ -490,7 +503,7 @@ impl EmbeddingClassifier {
             .map(|t| self.text_chunks(t))
             .collect::<Result<Vec<_>, _>>()?;
         let per_text = self.embed_grouped(&chunks, deadline)?;
-        Ok(per_text
+        let mut scores: Vec<CategoryScores> = per_text
             .iter()
             .zip(texts)
             .map(|(chunks, text)| {
@@ -499,7 +512,77 @@ impl EmbeddingClassifier {
                     &LexicalFeatures::of(&self.lexical, &self.ngrams, text),
                 )
             })
-            .collect())
+            .collect();
+        self.second_stage(texts, &mut scores, deadline)?;
+        Ok(scores)
+    }
+
+    /// Mixes in the second encoder's reading (see [`heads::E5Block`]) for
+    /// the texts whose first-stage scores reach its gate, all of them in
+    /// one e5 call: every scoring window of every view of the text, the
+    /// strongest speaking for it, as chunks do in the first stage. Nothing
+    /// happens for heads without an e5 block.
+    fn second_stage(
+        &self,
+        texts: &[&str],
+        scores: &mut [CategoryScores],
+        deadline: &Deadline,
+    ) -> Result<(), TextModelError> {
+        let (Some(block), Some(e5)) = (&self.heads.e5, &self.e5) else {
+            return Ok(());
+        };
+        let consulted: Vec<usize> = (0..texts.len())
+            .filter(|&i| block.consulted(&scores[i]))
+            .collect();
+        if consulted.is_empty() {
+            return Ok(());
+        }
+        // Every view the first stage read (the de-obfuscated one too), so
+        // that `k i l l` is no weaker here than there.
+        let views: Vec<Vec<Cow<str>>> = consulted
+            .iter()
+            .map(|&i| self.model_inputs(texts[i]))
+            .collect();
+        let inputs: Vec<&str> = views.iter().flatten().map(|v| v.as_ref()).collect();
+        let mut windows = self
+            .encoder
+            .install(|| e5.embed_windows_within(&inputs, deadline))?
+            .into_iter();
+        for (&i, v) in consulted.iter().zip(&views) {
+            let read: Vec<Vec<f32>> = windows.by_ref().take(v.len()).flatten().collect();
+            scores[i] = self.heads.with_e5(scores[i], &read);
+        }
+        Ok(())
+    }
+
+    /// Each item's scores, in place, and the combined ones (returned),
+    /// through the second stage. The combined text is the items joined by
+    /// line breaks; a single item is its own combined text.
+    fn second_stage_items(
+        &self,
+        items: &[&str],
+        scores: &mut Vec<CategoryScores>,
+        combined: Option<CategoryScores>,
+        deadline: &Deadline,
+    ) -> Result<Option<CategoryScores>, TextModelError> {
+        if self.heads.e5.is_none() {
+            return Ok(combined);
+        }
+        let Some(together) = combined.filter(|_| items.len() > 1) else {
+            self.second_stage(items, scores, deadline)?;
+            return Ok(if items.len() == 1 {
+                scores.first().copied()
+            } else {
+                combined
+            });
+        };
+        let joined = items.join("\n");
+        let mut texts = items.to_vec();
+        texts.push(&joined);
+        scores.push(together);
+        let result = self.second_stage(&texts, scores, deadline);
+        let together = scores.pop().expect("the combined scores were pushed");
+        result.map(|()| Some(together))
     }
 
     /// The texts the encoder sees for `text`: the heads' input form, plus
