@@ -25,8 +25,13 @@ workloads="${3:-short mixed1 mixed8}"
 threads=$(( connections < 2 ? connections : 2 ))  # wrk needs connections >= threads
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 scripts/setup.sh
-cargo build --release --quiet --bin moderato
-bin=target/release/moderato
+# MODERATO_BENCH_BIN: another build's binary (heads of before a change, say).
+if [[ -n "${MODERATO_BENCH_BIN:-}" ]]; then
+  bin="$MODERATO_BENCH_BIN"
+else
+  cargo build --release --quiet --bin moderato
+  bin=target/release/moderato
+fi
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -6,6 +6,8 @@
 //! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2` measures the AVX2 kernel on a
 //! machine with AVX-512). Prints the median and the 90th and 99th
 //! percentiles of RUNS calls (default 300) after 30 warm-up calls.
+//! `MODERATO_TEXT_HEADS=FILE` times other heads than the shipped ones with
+//! the same binary (heads of before a change, say).
 
 use std::time::Instant;
 
@@ -26,10 +28,14 @@ fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
     int8_matmul::limit_kernel(limit).expect("the first model of the process");
     let dir = moderato::config::repository_models_dir();
-    let model = EmbeddingClassifier::load(&dir)?;
+    let model = match std::env::var_os("MODERATO_TEXT_HEADS") {
+        Some(path) => EmbeddingClassifier::load_with_heads(&dir, &std::fs::read_to_string(path)?)?,
+        None => EmbeddingClassifier::load(&dir)?,
+    };
     let windows = model.embed_windows(&[text])?;
     println!(
-        "kernel {}, {} chunk(s) for {:?}",
+        "heads {}, kernel {}, {} chunk(s) for {:?}",
+        model.version(),
         int8_matmul::kernel_name(),
         windows[0].len(),
         text
