@@ -16,6 +16,7 @@
 //! 8-bit one is tested against.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -25,6 +26,7 @@ use int8_matmul::{Activation, Int8Matrix, Scratch};
 use serde::Deserialize;
 
 use super::TextModelError;
+use crate::moderation::Deadline;
 
 /// The fields of the model's `config.json` this forward pass uses.
 #[derive(Clone, Debug, Deserialize)]
@@ -260,6 +262,25 @@ impl Workspace {
     }
 }
 
+/// Tokens per forward pass. Sequences are stored one after another without
+/// padding, so any mix of lengths batches well; the cap bounds the pass's
+/// buffers (about 17 KB a token: 34 MB) whatever the input.
+pub const MAX_BATCH_TOKENS: usize = 2048;
+
+/// How many of the sequences at the head of `seqs` go in the next pass:
+/// up to [`MAX_BATCH_TOKENS`] tokens, and at least one sequence.
+pub fn batch_len(seqs: &[&[u32]]) -> usize {
+    let mut tokens = 0;
+    let n = seqs
+        .iter()
+        .take_while(|w| {
+            tokens += w.len();
+            tokens <= MAX_BATCH_TOKENS
+        })
+        .count();
+    n.max(1)
+}
+
 fn resize(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.resize(len, 0.0);
     &mut buf[..len]
@@ -448,6 +469,45 @@ impl Bert {
             layer.forward(ws, tokens, self.heads, self.head_dim);
         }
         Ok(())
+    }
+}
+
+impl Bert {
+    /// Every sequence of `seqs` through the encoder, in passes of at most
+    /// [`MAX_BATCH_TOKENS`] tokens run in a workspace taken from
+    /// `workspaces` (and given back), each sequence's hidden states turned
+    /// into its output by `pool`; stops before the next pass once
+    /// `deadline` is over.
+    pub fn forward_pooled<T>(
+        &self,
+        workspaces: &Mutex<Vec<Workspace>>,
+        seqs: &[&[u32]],
+        deadline: &Deadline,
+        mut pool: impl FnMut(&[f32]) -> T,
+    ) -> Result<Vec<T>, TextModelError> {
+        let take_workspace = || workspaces.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut ws = take_workspace().unwrap_or_default();
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rest = seqs;
+        let result = loop {
+            if rest.is_empty() {
+                break Ok(());
+            }
+            if let Err(e) = deadline.check() {
+                break Err(e.into());
+            }
+            let (batch, tail) = rest.split_at(batch_len(rest));
+            if let Err(e) = self.forward(&mut ws, batch) {
+                break Err(e);
+            }
+            out.extend((0..batch.len()).map(|i| pool(ws.hidden_states(i, self.hidden))));
+            rest = tail;
+        };
+        workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ws);
+        result.map(|()| out)
     }
 }
 

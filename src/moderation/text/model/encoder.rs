@@ -12,6 +12,8 @@ use int8_matmul::ops;
 use tokenizers::Tokenizer;
 
 use super::adapter::Adapter;
+#[cfg(test)]
+use super::bert::{batch_len, MAX_BATCH_TOKENS};
 use super::bert::{Bert, Config, Precision, Workspace};
 use super::cache::EmbeddingCache;
 use super::files::{read_verified, ModelFile};
@@ -24,11 +26,6 @@ pub const EMBEDDING_DIM: usize = 384;
 /// A sentence shorter than this shares its chunk with the next (`Hi.`,
 /// `Ok!`, a list's numbers): alone it says too little to judge.
 const MIN_CHUNK_TOKENS: usize = 8;
-
-/// Tokens per forward pass. Sequences are stored one after another without
-/// padding, so any mix of lengths batches well; the cap bounds the pass's
-/// buffers (about 17 KB a token: 34 MB) whatever the input.
-const MAX_BATCH_TOKENS: usize = 2048;
 
 /// How texts are cut into chunks for the encoder (`"window"` in
 /// heads.json): a text of up to `tokens` is one chunk, a longer one is cut
@@ -326,46 +323,20 @@ impl MiniLm {
             .collect())
     }
 
-    /// Embeddings of distinct windows, in passes of at most
-    /// [`MAX_BATCH_TOKENS`] tokens.
+    /// Embeddings of distinct windows, in bounded passes (see
+    /// [`Bert::forward_pooled`]).
     fn embed_distinct(
         &self,
         windows: &[&[u32]],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let mut ws = self
-            .workspaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
-        let mut out = Vec::with_capacity(windows.len());
-        let mut rest = windows;
-        let result = loop {
-            if rest.is_empty() {
-                break Ok(());
-            }
-            if let Err(e) = deadline.check() {
-                break Err(e.into());
-            }
-            let take = batch_len(rest);
-            let (batch, tail) = rest.split_at(take);
-            if let Err(e) = self.model.forward(&mut ws, batch) {
-                break Err(e);
-            }
-            let hidden = self.model.hidden_size();
-            for i in 0..batch.len() {
+        let hidden = self.model.hidden_size();
+        self.model
+            .forward_pooled(&self.workspaces, windows, deadline, |states| {
                 let mut e = vec![0f32; hidden];
-                ops::mean_pool_unit(ws.hidden_states(i, hidden), &mut e);
-                out.push(e);
-            }
-            rest = tail;
-        };
-        self.workspaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(ws);
-        result.map(|()| out)
+                ops::mean_pool_unit(states, &mut e);
+                e
+            })
     }
 }
 
@@ -388,20 +359,6 @@ fn sentence_ranges(text: &str, offsets: &[(usize, usize)]) -> Vec<std::ops::Rang
         out.push(start..offsets.len());
     }
     out
-}
-
-/// How many of the windows at the head of `windows` go in the next pass:
-/// up to [`MAX_BATCH_TOKENS`] tokens, and at least one window.
-pub(super) fn batch_len(windows: &[&[u32]]) -> usize {
-    let mut tokens = 0;
-    let n = windows
-        .iter()
-        .take_while(|w| {
-            tokens += w.len();
-            tokens <= MAX_BATCH_TOKENS
-        })
-        .count();
-    n.max(1)
 }
 
 #[cfg(test)]

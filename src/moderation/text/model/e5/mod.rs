@@ -23,7 +23,6 @@ use std::sync::Mutex;
 use super::bert::{
     Bert, BlockWeights, EmbeddingWeights, LayerWeights, Precision, WordTable, Workspace,
 };
-use super::encoder::batch_len;
 use super::files::read_pinned;
 use super::q4;
 use super::TextModelError;
@@ -228,8 +227,7 @@ impl E5 {
     }
 
     /// The mean over all tokens (markers included, as the package pools)
-    /// of each window's last hidden states, per text and window, in passes
-    /// as bounded as MiniLM's (`encoder::batch_len`).
+    /// of each window's last hidden states, per text and window.
     fn pool_windows(
         &self,
         texts: &[Vec<Vec<u32>>],
@@ -237,42 +235,17 @@ impl E5 {
     ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
         let h = self.dim();
         let flat: Vec<&[u32]> = texts.iter().flatten().map(Vec::as_slice).collect();
-        let mut means: Vec<Vec<f32>> = Vec::with_capacity(flat.len());
-        let mut ws = self
-            .workspaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
-        let mut rest = &flat[..];
-        let result = loop {
-            if rest.is_empty() {
-                break Ok(());
-            }
-            if let Err(e) = deadline.check() {
-                break Err(e.into());
-            }
-            let (batch, tail) = rest.split_at(batch_len(rest));
-            if let Err(e) = self.model.forward(&mut ws, batch) {
-                break Err(e);
-            }
-            for i in 0..batch.len() {
-                let states = ws.hidden_states(i, h);
+        let means = self
+            .model
+            .forward_pooled(&self.workspaces, &flat, deadline, |states| {
                 let mut mean = vec![0f32; h];
                 for row in states.chunks_exact(h) {
                     mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
                 }
                 let n = (states.len() / h).max(1) as f32;
                 mean.iter_mut().for_each(|m| *m /= n);
-                means.push(mean);
-            }
-            rest = tail;
-        };
-        self.workspaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(ws);
-        result?;
+                mean
+            })?;
         let mut means = means.into_iter();
         Ok(texts
             .iter()
