@@ -198,12 +198,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// What the second encoder (multilingual-e5, see [`super::e5`]) adds:
-/// per category a logistic head on its embedding of the whole text, whose
-/// logit is averaged with the first stage's, weighted by `weight`. It is
-/// consulted only for texts whose strongest first-stage score reaches
-/// `gate`: most texts people send are plainly harmless, and for them the
-/// second encoder (twice MiniLM's cost) would change nothing a threshold
-/// acts on.
+/// per category a logistic head on its embeddings of the text's windows,
+/// whose strongest logit is averaged with the first stage's, weighted by
+/// `weight`. It is consulted only for texts whose strongest first-stage
+/// score reaches `gate`: most texts people send are plainly harmless, and
+/// for them the second encoder (several times the first stage's cost)
+/// would change nothing a threshold acts on.
 pub struct E5Block {
     gate: f32,
     weight: f32,
