@@ -17,8 +17,11 @@ COPY assets ./assets
 COPY scripts ./scripts
 RUN cargo build --release --locked --bin moderato
 # The OCR models as published (ppocr/source/) are only the input of their
-# rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones.
-RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source
+# rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones. The e5
+# encoder (72 MB) is read only by heads with a second stage, which the
+# shipped heads are not: it stays out of the image until they are.
+RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source \
+    && if ! grep -q '"e5"' assets/text-model/heads.json; then rm -rf /models/e5; fi
 
 FROM debian:bookworm-slim
 RUN apt-get update \
