@@ -26,8 +26,10 @@ threads=$(( connections < 2 ? connections : 2 ))  # wrk needs connections >= thr
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 scripts/setup.sh
 # MODERATO_BENCH_BIN: another build's binary (heads of before a change, say).
+# Unset once read: the service refuses MODERATO_ variables it does not know.
 if [[ -n "${MODERATO_BENCH_BIN:-}" ]]; then
   bin="$MODERATO_BENCH_BIN"
+  unset MODERATO_BENCH_BIN
 else
   cargo build --release --quiet --bin moderato
   bin=target/release/moderato
