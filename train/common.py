@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATASETS = Path(os.environ.get("MODERATO_DATASETS", ROOT.parent / "shared" / "datasets"))
 WORK = ROOT / "train" / "out"  # git-ignored scratch: prepared data, embedding cache
 HEADS_PATH = ROOT / "assets" / "text-model" / "heads.json"
+# The heads with a second stage, served when the operator turns it on
+# (text_model.second_stage); train_heads.py writes them with MODERATO_E5=1.
+SECOND_STAGE_HEADS_PATH = ROOT / "assets" / "text-model" / "heads-e5.json"
 # The n-gram model the heads read (train_ngrams.py writes it; the next build
 # compiles it in). The Rust examples read this file rather than the one
 # compiled into them, so a model just trained is the one measured.
@@ -339,14 +342,23 @@ def e5_if_needed(heads: dict, texts, label: str = ""):
 
 def e5_logits(block: dict, e5):
     """The e5 heads' logits per text (CATEGORIES columns, NaN where a
-    category has no e5 head): per category the strongest over the text's
-    windows (Rust E5Block::mix). `e5` is e5_embeddings' (rows, text index)."""
+    category has no e5 head), as Rust E5Block::mix pools them: the mean over
+    the text's windows (the logit of the mean embedding the heads were
+    fitted on) when block["pool"] is "mean", else the strongest window.
+    `e5` is e5_embeddings' (rows, text index) of one view per text."""
     vecs, idx = e5
     n = int(idx.max()) + 1 if len(idx) else 0
     Z = np.full((n, len(CATEGORIES)), np.nan, dtype=np.float64)
+    counts = np.maximum(np.bincount(idx, minlength=n), 1)
     for c, spec in block["heads"].items():
-        z = np.full(n, -np.inf)
-        np.maximum.at(z, idx, vecs.astype(np.float64) @ np.asarray(spec["w"], dtype=np.float64) + spec["b"])
+        zw = vecs.astype(np.float64) @ np.asarray(spec["w"], dtype=np.float64) + spec["b"]
+        if block.get("pool", "max") == "mean":
+            z = np.zeros(n)
+            np.add.at(z, idx, zw)
+            z /= counts
+        else:
+            z = np.full(n, -np.inf)
+            np.maximum.at(z, idx, zw)
         Z[:, CATEGORIES.index(c)] = z
     return Z
 
@@ -357,16 +369,23 @@ LOGIT_CLIP = 1e-6
 def second_stage(S, Z, block: dict, parents=PARENTS):
     """Rust E5Block: for texts whose strongest composed score reaches the
     gate, each category with an e5 head gets the sigmoid of
-    (1 - weight) * logit(score) + weight * e5 logit; then parents are raised
-    to their children again (sexual/minors is not composed again)."""
+    (1 - weight) * logit(score) + weight * e5 logit, except that in the
+    categories of block["keep"] a first-stage score at or over the value
+    given there is never lowered (one sentence the chunks found makes the
+    text a threat, whatever surrounds it; a pooled reading of the whole
+    dilutes it); then parents are raised to their children again
+    (sexual/minors is not composed again)."""
     S = np.array(S, dtype=np.float64)
     gated = S.max(axis=1) >= block["gate"]
     a = block["weight"]
-    for i in range(len(CATEGORIES)):
+    for i, c in enumerate(CATEGORIES):
         if np.isnan(Z[:, i]).all():
             continue
-        p = np.clip(S[gated, i], LOGIT_CLIP, 1 - LOGIT_CLIP)
-        S[gated, i] = 1.0 / (1.0 + np.exp(-((1 - a) * np.log(p / (1 - p)) + a * Z[gated, i])))
+        s = S[gated, i]
+        p = np.clip(s, LOGIT_CLIP, 1 - LOGIT_CLIP)
+        mixed = 1.0 / (1.0 + np.exp(-((1 - a) * np.log(p / (1 - p)) + a * Z[gated, i])))
+        keep = block.get("keep", {}).get(c, np.inf)
+        S[gated, i] = np.where(s >= keep, np.maximum(s, mixed), mixed)
     for child, parent in parents:
         ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
         S[gated, pi] = np.maximum(S[gated, pi], S[gated, ci])

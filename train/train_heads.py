@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -86,14 +86,37 @@ TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 # the candidate it gave (2026-11-28.17: validation 0.823 / 0.578) flagged
 # "See you at the meeting tomorrow." as a threat and let a threat in a long
 # post and a threat after a harmless item through (eval/ABLATION-real.md).
-# MODERATO_E5=1 trains heads with it; MODERATO_E5_GATE sets the gate.
+# MODERATO_E5=1 trains heads with it; MODERATO_E5_GATE sets the gate,
+# MODERATO_E5_POOL how a text's windows speak ("mean", as the heads are
+# fitted, or "max", the rule of .17), MODERATO_E5_KEEP the first-stage score
+# from which the mix may raise but not lower the categories of E5_KEPT (1:
+# it may always lower, as in .17).
 USE_E5 = os.environ.get("MODERATO_E5", "0") == "1"
 E5_C = 0.01
-E5_WEIGHT = 0.5
+E5_WEIGHT = float(os.environ.get("MODERATO_E5_WEIGHT", "0.5"))
 E5_GATE = float(os.environ.get("MODERATO_E5_GATE", "0.1"))
+E5_POOL = os.environ.get("MODERATO_E5_POOL", "mean")
+assert E5_POOL in ("mean", "max"), "MODERATO_E5_POOL is mean or max"
+E5_KEEP = float(os.environ.get("MODERATO_E5_KEEP", "0.9"))
+# Categories in which one sentence makes a text harmful whatever surrounds
+# it, by our definitions: a threat, an intent to self-harm, instructions for
+# it. The pooled e5 reading of a long text dilutes that sentence ("I know
+# where you live and I am going to kill you" among 40 sentences of minutes:
+# 0.98 in the first stage, 0.29 mixed in .17's whole-text form). Keeping
+# these costs nothing on the validation half; keeping violence, hate or
+# sexual would (any-category 0.830 -> 0.802 / 0.820 / 0.822).
+E5_KEPT = ["harassment/threatening", "hate/threatening", "self-harm/intent", "self-harm/instructions"]
+# e5 heads only for the categories the validation half labels: only real
+# text can say whether a head helps, and our written development set
+# measures how well the heads learnt its writers. Without validation
+# labels (harassment/threatening, self-harm/intent and /instructions) an e5
+# head is untested on real text, and harassment/threatening's flagged "See
+# you at the meeting tomorrow." (0.56 against an out-of-fold threshold of
+# 0.50; validation any-category 0.829 with them, 0.827 without).
+E5_CATEGORIES = [c for c in eval_sets.OPENAI_MAP.values() if c != "sexual/minors"]
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 16  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 18  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -605,7 +628,7 @@ def fit_e5_block(rows, split, pool):
     NaN where no head) of the pool rows as unseen as the first stage's
     scores there: out of fold (by text) for training rows, the final
     regressions for calibration rows. Fitted on each text's mean window
-    embedding; scored as served, by the strongest window. Standardisation
+    embedding; scored as served (E5_POOL). Standardisation
     is folded into w, b."""
     vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows")
     E = e5_text_means(vecs, idx, len(rows))
@@ -620,17 +643,23 @@ def fit_e5_block(rows, split, pool):
     on_pool = window_pool >= 0
 
     def strongest(w, b, windows):
-        """Per pool row, its strongest window's logit (windows: a mask)."""
+        """Per pool row, its windows' logit pooled as served (E5_POOL;
+        windows: a mask)."""
+        zw = vecs[windows].astype(np.float64) @ w + b
+        if E5_POOL == "mean":
+            z = np.zeros(len(pool))
+            np.add.at(z, window_pool[windows], zw)
+            return z / np.maximum(np.bincount(window_pool[windows], minlength=len(pool)), 1)
         z = np.full(len(pool), -np.inf)
-        np.maximum.at(z, window_pool[windows], vecs[windows].astype(np.float64) @ w + b)
+        np.maximum.at(z, window_pool[windows], zw)
         return z
 
     heads, Z = {}, np.full((len(pool), len(CATEGORIES)), np.nan)
     for i, c in enumerate(CATEGORIES):
+        if c not in E5_CATEGORIES:
+            continue
         y = head_labels(rows, c)
         fit = train & ~np.isnan(y)
-        if y[fit].sum() < 5:
-            continue  # sexual/minors: no training row labels it
         lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs[fit], y[fit].astype(int))
         w = lr.coef_[0] / sd
         heads[c] = {"w": w.tolist(), "b": float(lr.intercept_[0] - w @ mu)}
@@ -643,8 +672,14 @@ def fit_e5_block(rows, split, pool):
             zk = strongest(wk, m.intercept_[0] - wk @ mu, on_pool & held[np.maximum(window_pool, 0)])
             Z[held, i] = zk[held]
         print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}", file=sys.stderr)
-    block = {"gate": E5_GATE, "weight": E5_WEIGHT, "heads": heads}
+    block = {"gate": E5_GATE, "weight": E5_WEIGHT, "pool": E5_POOL, "keep": kept(heads), "heads": heads}
     return block, Z
+
+
+def kept(e5_heads):
+    """The e5 block's "keep": E5_KEEP for the categories of E5_KEPT that
+    have an e5 head."""
+    return {c: E5_KEEP for c in E5_KEPT if c in e5_heads}
 
 
 def taught_label(row, head):
@@ -701,9 +736,9 @@ def main():
     })
     # Thresholds on composed scores (what serving outputs) of unseen rows.
     P = compose(in_category_order(pooled_scores))
+    Z = None
     if USE_E5:
         out["e5"], Z = fit_e5_block(rows, split, pool)
-        P = second_stage(P, Z, out["e5"], PARENTS)
     harms = [c for c in CATEGORIES if c != "sexual/minors"]
     labels = np.array([[np.nan if c == "sexual/minors" else taught_label(rows[j], c) for c in CATEGORIES]
                        for j in pool], dtype=float)
@@ -711,14 +746,21 @@ def main():
     hard_negative = harmless & np.array([rows[j]["source"].startswith("own:written_") for j in pool])
     safe = np.array([rows[j]["source"] == "own:written_safe_prompts" for j in pool])
     with open(WORK / "fitted.pkl", "wb") as f:
-        pickle.dump((out, report, keep, P, labels, harmless, hard_negative, safe), f)
-    choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, safe)
+        pickle.dump((out, report, keep, P, Z, labels, harmless, hard_negative, safe), f)
+    choose_thresholds(out, report, keep, P, Z, labels, harmless, hard_negative, safe)
 
 
-def choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, safe):
-    """Thresholds for the fitted heads `out` from the unseen scores `P` of the
-    training pool and from the validation half; writes heads.json."""
+def choose_thresholds(out, report, keep, P, Z, labels, harmless, hard_negative, safe):
+    """Thresholds for the fitted heads `out` from the unseen first-stage
+    scores `P` of the training pool (through the second stage when `Z`, its
+    e5 logits, is given) and from the validation half; writes heads.json."""
     heads = out["heads"]
+    if Z is not None:
+        # The block's settings as this run's environment gives them, so that
+        # MODERATO_THRESHOLDS_ONLY=1 tries another gate, weight or keep in
+        # seconds (the pooling is in Z: changing it needs a full run).
+        out["e5"].update(gate=E5_GATE, weight=E5_WEIGHT, keep=kept(out["e5"]["heads"]))
+        P = second_stage(P, Z, out["e5"], PARENTS)
     t, budget, hn_fpr = pick_thresholds(P, labels, harmless, hard_negative)
     print("train: out-of-fold thresholds", dict(zip(CATEGORIES, np.round(t, 3).tolist())), file=sys.stderr)
     # MODERATO_THRESHOLDS=written: the rule of heads .6 alone (for comparison).
@@ -746,11 +788,12 @@ def choose_thresholds(out, report, keep, P, labels, harmless, hard_negative, saf
             hid = heads[h]["hidden"]
             heads[h]["hidden"] = {"w": [[round(x, 5) for x in row] for row in hid["w"]],
                                   "b": [round(x, 5) for x in hid["b"]], "out": [round(x, 5) for x in hid["out"]]}
-    HEADS_PATH.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+    path = SECOND_STAGE_HEADS_PATH if "e5" in out else HEADS_PATH
+    path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     (WORK / "train_report.json").write_text(json.dumps({"heads": report, "thresholds": out["thresholds"]}, indent=1))
     np.save(WORK / "kept_mask.npy", keep)
     print("train: thresholds", out["thresholds"], file=sys.stderr)
-    print(f"train: wrote {HEADS_PATH}", file=sys.stderr)
+    print(f"train: wrote {path}", file=sys.stderr)
 
 
 def thresholds_only():

@@ -536,7 +536,9 @@ fn heads_with_second_stage(gate: f32) -> String {
         .iter()
         .map(|c| (c.to_string(), serde_json::json!({"w": w, "b": 0.0})))
         .collect();
-    heads["e5"] = serde_json::json!({"gate": gate, "weight": 0.5, "heads": e5_heads});
+    heads["e5"] = serde_json::json!({
+        "gate": gate, "weight": 0.5, "pool": "mean", "keep": {}, "heads": e5_heads,
+    });
     heads.to_string()
 }
 

@@ -96,7 +96,22 @@ struct HeadsFile {
 struct E5Spec {
     gate: f32,
     weight: f32,
+    pool: WindowPool,
+    /// Per category, the first-stage score from which the mix may raise but
+    /// not lower it; categories not named may always be lowered.
+    keep: HashMap<String, f32>,
     heads: HashMap<String, LinearSpec>,
+}
+
+/// How the windows of one view of a text speak for it in the second stage.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowPool {
+    /// Their mean logit: the logit of the mean embedding, which is what the
+    /// heads are fitted on (one window for a text of up to 126 pieces).
+    Mean,
+    /// The strongest window.
+    Max,
 }
 
 #[derive(Deserialize)]
@@ -199,16 +214,31 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// What the second encoder (multilingual-e5, see [`super::e5`]) adds:
 /// per category a logistic head on its embeddings of the text's windows,
-/// whose strongest logit is averaged with the first stage's, weighted by
-/// `weight`. It is consulted only for texts whose strongest first-stage
-/// score reaches `gate`: most texts people send are plainly harmless, and
-/// for them the second encoder (several times the first stage's cost)
-/// would change nothing a threshold acts on.
+/// pooled per view by `pool`, the strongest view speaking (so that the
+/// de-obfuscated `k i l l` is no weaker than the plain word), whose logit
+/// is averaged with the first stage's, weighted by `weight`. In the
+/// categories where one sentence makes a text harmful whatever surrounds it
+/// (a threat, say), a first-stage score at or over the head's `keep` may be
+/// raised but not lowered: the first stage reads sentence chunks and finds
+/// a threat buried in a long post, which a pooled reading dilutes. It is
+/// consulted only for texts whose strongest first-stage score reaches
+/// `gate`: most texts people send are plainly harmless, and for them the
+/// second encoder (several times the first stage's cost) would change
+/// nothing a threshold acts on.
 pub struct E5Block {
     gate: f32,
     weight: f32,
+    pool: WindowPool,
     /// Indexed by category; `None` where the second encoder has no head.
-    heads: Vec<Option<(Vec<f32>, f32)>>,
+    heads: Vec<Option<E5Head>>,
+}
+
+struct E5Head {
+    w: Vec<f32>,
+    b: f32,
+    /// The first-stage score from which the mix may raise but not lower;
+    /// `None`: it may always lower.
+    keep: Option<f32>,
 }
 
 /// Logits of probabilities this close to 0 or 1 are clipped, as in training.
@@ -225,20 +255,35 @@ impl E5Block {
         scores.iter().any(|(_, s)| s >= self.gate)
     }
 
-    /// Per category with an e5 head, its strongest logit over `windows`
-    /// averaged with the first stage's.
-    fn mix(&self, scores: &mut CategoryScores, windows: &[Vec<f32>]) {
-        if windows.is_empty() {
+    /// Per category with an e5 head, its logit over `views` (each the
+    /// embeddings of one view's windows) averaged with the first stage's.
+    fn mix(&self, scores: &mut CategoryScores, views: &[Vec<Vec<f32>>]) {
+        if views.iter().all(Vec::is_empty) {
             return;
         }
         for c in Category::ALL {
-            if let Some((w, b)) = &self.heads[c.index()] {
-                let strongest = windows
+            if let Some(E5Head { w, b, keep }) = &self.heads[c.index()] {
+                let reading = views
                     .iter()
-                    .map(|e| dot(w, e) + b)
+                    .filter(|windows| !windows.is_empty())
+                    .map(|windows| self.pooled(windows.iter().map(|e| dot(w, e) + b)))
                     .fold(f32::NEG_INFINITY, f32::max);
-                let z = (1.0 - self.weight) * logit(scores.get(c)) + self.weight * strongest;
-                scores.set(c, 1.0 / (1.0 + (-z).exp()));
+                let first = scores.get(c);
+                let z = (1.0 - self.weight) * logit(first) + self.weight * reading;
+                let mixed = 1.0 / (1.0 + (-z).exp());
+                let kept = keep.is_some_and(|k| first >= k);
+                scores.set(c, if kept { mixed.max(first) } else { mixed });
+            }
+        }
+    }
+
+    /// One view's logit from its windows' (at least one).
+    fn pooled(&self, logits: impl Iterator<Item = f32>) -> f32 {
+        match self.pool {
+            WindowPool::Max => logits.fold(f32::NEG_INFINITY, f32::max),
+            WindowPool::Mean => {
+                let (sum, n) = logits.fold((0.0, 0usize), |(s, n), z| (s + z, n + 1));
+                sum / n.max(1) as f32
             }
         }
     }
@@ -354,13 +399,12 @@ impl Heads {
     }
 
     /// The final scores of a text the second encoder was consulted on:
-    /// its composed first-stage `scores` mixed with the e5 heads' strongest
-    /// reading over the e5 embeddings of the text's `windows` (every
-    /// window of every view), parents raised again. Unchanged without an
-    /// e5 block.
-    pub fn with_e5(&self, mut scores: CategoryScores, windows: &[Vec<f32>]) -> CategoryScores {
+    /// its composed first-stage `scores` mixed with the e5 heads' reading
+    /// of the e5 embeddings of the text's `views` (per view, its windows'),
+    /// parents raised again. Unchanged without an e5 block.
+    pub fn with_e5(&self, mut scores: CategoryScores, views: &[Vec<Vec<f32>>]) -> CategoryScores {
         if let Some(block) = &self.e5 {
-            block.mix(&mut scores, windows);
+            block.mix(&mut scores, views);
             self.raise_parents(&mut scores);
         }
         scores
@@ -404,10 +448,17 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
 }
 
 fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
-    if !(0.0..=1.0).contains(&spec.gate) || !(0.0..=1.0).contains(&spec.weight) {
-        return Err(invalid("e5: gate and weight must be in [0, 1]".into()));
+    if [spec.gate, spec.weight]
+        .iter()
+        .chain(spec.keep.values())
+        .any(|v| !(0.0..=1.0).contains(v))
+    {
+        return Err(invalid(
+            "e5: gate, weight and keep must be in [0, 1]".into(),
+        ));
     }
-    let mut heads: Vec<Option<(Vec<f32>, f32)>> = vec![None; Category::ALL.len()];
+    let mut keep = spec.keep;
+    let mut heads: Vec<Option<E5Head>> = Category::ALL.iter().map(|_| None).collect();
     for (name, head) in spec.heads {
         let c = category(&name)?;
         if head.w.len() != E5_DIM {
@@ -419,11 +470,21 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         if !head.b.is_finite() || head.w.iter().any(|w| !w.is_finite()) {
             return Err(invalid(format!("e5 head {name} has a non-finite weight")));
         }
-        heads[c.index()] = Some((head.w, head.b));
+        heads[c.index()] = Some(E5Head {
+            w: head.w,
+            b: head.b,
+            keep: keep.remove(&name),
+        });
+    }
+    if let Some(name) = keep.keys().next() {
+        return Err(invalid(format!(
+            "e5: keep names {name}, which has no e5 head"
+        )));
     }
     Ok(E5Block {
         gate: spec.gate,
         weight: spec.weight,
+        pool: spec.pool,
         heads,
     })
 }
@@ -535,7 +596,7 @@ mod tests {
     /// Heads whose first stage gives every category sigmoid(-5) but
     /// self-harm/intent sigmoid(`intent_bias`), with an e5 block whose
     /// self-harm/intent head reads embedding value 0 with weight 10.
-    fn heads_with_e5(intent_bias: f32, gate: f32) -> Heads {
+    fn heads_with_e5(intent_bias: f32, gate: f32, pool: &str, keep: f32) -> Heads {
         let mut v: serde_json::Value = serde_json::from_str(&heads_json(-5.0, -5.0)).unwrap();
         v["heads"]["self-harm/intent"]["b"] = serde_json::json!(intent_bias);
         let mut w = vec![0.0f32; E5_DIM];
@@ -543,6 +604,8 @@ mod tests {
         v["e5"] = serde_json::json!({
             "gate": gate,
             "weight": 0.5,
+            "pool": pool,
+            "keep": {"self-harm/intent": keep},
             "heads": {"self-harm/intent": {"w": w, "b": 0.0}},
         });
         Heads::parse(&v.to_string()).unwrap()
@@ -553,20 +616,30 @@ mod tests {
         heads.compose(heads.window_scores(&emb, &LexicalFeatures::default()))
     }
 
+    /// An e5 embedding whose self-harm/intent logit is `z` under
+    /// [`heads_with_e5`].
+    fn e5_with_logit(z: f32) -> Vec<f32> {
+        let mut e5 = vec![0.0f32; E5_DIM];
+        e5[0] = z / 10.0;
+        e5
+    }
+
+    fn sigmoid(z: f32) -> f32 {
+        1.0 / (1.0 + (-z).exp())
+    }
+
     #[test]
     fn the_second_stage_averages_logits_and_raises_parents_again() {
-        let heads = heads_with_e5(1.0, 0.5);
+        let heads = heads_with_e5(1.0, 0.5, "max", 1.0);
         let before = first_stage(&heads);
         let block = heads.e5.as_ref().unwrap();
         assert!(
             block.consulted(&before),
             "sigmoid(1) = 0.73 reaches the gate"
         );
-        let mut e5 = vec![0.0f32; E5_DIM];
-        e5[0] = 0.3; // e5 logit 3: the mix is sigmoid((1 + 3) / 2)
-        let after = heads.with_e5(before, &[e5.clone()]);
-        let expected = 1.0 / (1.0 + (-2.0f32).exp());
-        assert!((after.get(Category::SelfHarmIntent) - expected).abs() < 1e-5);
+        // e5 logit 3: the mix is sigmoid((1 + 3) / 2).
+        let after = heads.with_e5(before, &[vec![e5_with_logit(3.0)]]);
+        assert!((after.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
         assert_eq!(
             after.get(Category::SelfHarm),
             after.get(Category::SelfHarmIntent)
@@ -574,23 +647,57 @@ mod tests {
         // Categories without an e5 head keep their first-stage score.
         assert_eq!(after.get(Category::Hate), before.get(Category::Hate));
         // A clear "no" from e5 lowers the score.
-        e5[0] = -0.5;
-        let no = heads.with_e5(before, &[e5.clone()]);
+        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
         assert!(no.get(Category::SelfHarmIntent) < 0.2);
-        // The strongest window speaks for a text: one "yes" among "no"s.
-        let mut yes = e5.clone();
-        yes[0] = 0.3;
-        assert_eq!(heads.with_e5(before, &[e5, yes]), after);
+        // Pooled by the strongest window: one "yes" among "no"s.
+        let windows = vec![e5_with_logit(-5.0), e5_with_logit(3.0)];
+        assert_eq!(heads.with_e5(before, &[windows]), after);
+    }
+
+    #[test]
+    fn mean_pooling_averages_a_views_windows_and_the_strongest_view_speaks() {
+        let heads = heads_with_e5(1.0, 0.5, "mean", 1.0);
+        let before = first_stage(&heads);
+        // Windows at 3 and -5: their mean, -1, is the view's logit.
+        let one_view = heads.with_e5(before, &[vec![e5_with_logit(3.0), e5_with_logit(-5.0)]]);
+        assert!((one_view.get(Category::SelfHarmIntent) - sigmoid(0.0)).abs() < 1e-5);
+        // The de-obfuscated view reads 3 where the raw one reads -5: 3 speaks.
+        let views = heads.with_e5(
+            before,
+            &[vec![e5_with_logit(-5.0)], vec![e5_with_logit(3.0)]],
+        );
+        assert!((views.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
+        // A view without windows (nothing to read) is not a "no".
+        let empty = heads.with_e5(before, &[vec![], vec![e5_with_logit(3.0)]]);
+        assert_eq!(empty, views);
+    }
+
+    #[test]
+    fn a_confident_first_stage_score_is_raised_but_never_lowered() {
+        // First stage sigmoid(1) = 0.73, at or over keep = 0.7.
+        let heads = heads_with_e5(1.0, 0.5, "mean", 0.7);
+        let before = first_stage(&heads);
+        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
+        assert_eq!(
+            no.get(Category::SelfHarmIntent),
+            before.get(Category::SelfHarmIntent)
+        );
+        let yes = heads.with_e5(before, &[vec![e5_with_logit(3.0)]]);
+        assert!((yes.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
+        // Under keep, a "no" lowers as before.
+        let unsure = heads_with_e5(1.0, 0.5, "mean", 0.8);
+        let lowered = unsure.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
+        assert!(lowered.get(Category::SelfHarmIntent) < 0.2);
     }
 
     #[test]
     fn texts_under_the_gate_are_not_read_again() {
-        let heads = heads_with_e5(-5.0, 0.1);
+        let heads = heads_with_e5(-5.0, 0.1, "mean", 1.0);
         let scores = first_stage(&heads);
         assert!(!heads.e5.as_ref().unwrap().consulted(&scores), "{scores:?}");
         let plain = Heads::parse(&heads_json(-5.0, -5.0)).unwrap();
         assert!(plain.e5.is_none());
-        assert_eq!(plain.with_e5(scores, &[vec![1.0; E5_DIM]]), scores);
+        assert_eq!(plain.with_e5(scores, &[vec![vec![1.0; E5_DIM]]]), scores);
     }
 
     #[test]
@@ -602,16 +709,22 @@ mod tests {
             Heads::parse(&v.to_string())
         };
         let head = serde_json::json!({"hate": {"w": vec![0.0f32; E5_DIM], "b": 0.0}});
-        assert!(with(serde_json::json!({"gate": 0.1, "weight": 0.5, "heads": head})).is_ok());
-        let err = with(serde_json::json!({"gate": 0.1, "weight": 0.5,
-            "heads": {"hate": {"w": [1.0], "b": 0.0}}}))
-        .err()
-        .unwrap();
+        let block = |gate: f32, pool: &str, keep: f32, heads: &serde_json::Value| {
+            serde_json::json!({"gate": gate, "weight": 0.5, "pool": pool,
+                "keep": {"hate": keep}, "heads": heads})
+        };
+        assert!(with(block(0.1, "mean", 0.9, &head)).is_ok());
+        let narrow = serde_json::json!({"hate": {"w": [1.0], "b": 0.0}});
+        let err = with(block(0.1, "mean", 0.9, &narrow)).err().unwrap();
         assert!(err.to_string().contains("e5 head hate"), "{err}");
-        assert!(with(serde_json::json!({"gate": 1.5, "weight": 0.5, "heads": head})).is_err());
-        assert!(with(serde_json::json!({"gate": 0.1, "weight": 0.5,
-            "heads": {"nonsense": {"w": vec![0.0f32; E5_DIM], "b": 0.0}}}))
-        .is_err());
+        assert!(with(block(1.5, "mean", 0.9, &head)).is_err());
+        assert!(with(block(0.1, "mean", 1.5, &head)).is_err());
+        assert!(with(block(0.1, "median", 0.9, &head)).is_err());
+        let nonsense = serde_json::json!({"nonsense": {"w": vec![0.0f32; E5_DIM], "b": 0.0}});
+        assert!(with(block(0.1, "mean", 0.9, &nonsense)).is_err());
+        let violence = serde_json::json!({"violence": {"w": vec![0.0f32; E5_DIM], "b": 0.0}});
+        let err = with(block(0.1, "mean", 0.9, &violence)).err().unwrap();
+        assert!(err.to_string().contains("keep names hate"), "{err}");
     }
 
     #[test]

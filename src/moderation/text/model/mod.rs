@@ -519,8 +519,8 @@ impl EmbeddingClassifier {
 
     /// Mixes in the second encoder's reading (see [`heads::E5Block`]) for
     /// the texts whose first-stage scores reach its gate, all of them in
-    /// one e5 call: every scoring window of every view of the text, the
-    /// strongest speaking for it, as chunks do in the first stage. Nothing
+    /// one e5 call: every scoring window of every view of the text, pooled
+    /// per view by the block, the strongest view speaking. Nothing
     /// happens for heads without an e5 block.
     fn second_stage(
         &self,
@@ -549,7 +549,7 @@ impl EmbeddingClassifier {
             .install(|| e5.embed_windows_within(&inputs, deadline))?
             .into_iter();
         for (&i, v) in consulted.iter().zip(&views) {
-            let read: Vec<Vec<f32>> = windows.by_ref().take(v.len()).flatten().collect();
+            let read: Vec<Vec<Vec<f32>>> = windows.by_ref().take(v.len()).collect();
             scores[i] = self.heads.with_e5(scores[i], &read);
         }
         Ok(())
@@ -557,7 +557,8 @@ impl EmbeddingClassifier {
 
     /// Each item's scores, in place, and the combined ones (returned),
     /// through the second stage. The combined text is the items joined by
-    /// line breaks; a single item is its own combined text.
+    /// line breaks, scored at least as high as each item; a single item is
+    /// its own combined text.
     fn second_stage_items(
         &self,
         items: &[&str],
@@ -582,7 +583,11 @@ impl EmbeddingClassifier {
         scores.push(together);
         let result = self.second_stage(&texts, scores, deadline);
         let together = scores.pop().expect("the combined scores were pushed");
-        result.map(|()| Some(together))
+        // The items taken together hold every item: e5 reads them as one
+        // window, where a harmless question can outweigh an insult after it
+        // that the item's own reading flags. The first stage's chunks keep
+        // this by construction; the mix must not undo it.
+        result.map(|()| Some(scores.iter().fold(together, |all, item| all.max_with(item))))
     }
 
     /// The texts the encoder sees for `text`: the heads' input form, plus

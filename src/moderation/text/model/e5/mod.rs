@@ -44,6 +44,14 @@ const E5_SHA256: &str = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7ab
 const PREFIX: &str = "query: ";
 /// Framed tokens per scoring window, as MiniLM's chunks (see [`E5::windows`]).
 pub const WINDOW_TOKENS: usize = 128;
+/// Scoring windows read per text at most: a longer text is read in this
+/// many windows spread evenly over it. The second stage pools a view's
+/// windows by their mean (the sentence chunks of the first stage find a
+/// buried threat), which an even sample estimates, and its cost per text
+/// stays bounded (12 layers over 8 x 128 tokens, about a sixth of what the
+/// first stage spends on a text at the request limit) whatever a client
+/// sends.
+pub const MAX_WINDOWS: usize = 8;
 
 pub struct E5 {
     model: Bert,
@@ -150,7 +158,8 @@ impl E5 {
     /// The scoring windows of `text`: a text of up to [`WINDOW_TOKENS`]
     /// framed tokens is one window, exactly the package's; a longer one
     /// is read in overlapping windows of that size, each after the first
-    /// starting with the prefix's pieces again. Why windows: a whole long
+    /// starting with the prefix's pieces again, at most [`MAX_WINDOWS`] of
+    /// them (the first, the last and evenly between). Why windows: a whole long
     /// text's mean embedding dilutes one threatening sentence among many
     /// harmless ones, as MiniLM's chunks avoid for the first stage.
     pub fn windows(&self, text: &str) -> Vec<Vec<u32>> {
@@ -166,16 +175,13 @@ impl E5 {
         let content = &tokens[prefix.len()..];
         let size = WINDOW_TOKENS - 2 - prefix.len();
         let stride = size * 3 / 4;
-        let mut out = Vec::new();
-        let mut start = 0;
-        loop {
-            let end = (start + size).min(content.len());
-            out.push(self.frame(prefix, &content[start..end]));
-            if end == content.len() {
-                return out;
-            }
-            start += stride;
+        let mut starts = vec![0];
+        while starts[starts.len() - 1] + size < content.len() {
+            starts.push(starts[starts.len() - 1] + stride);
         }
+        evenly_spread(&starts, MAX_WINDOWS)
+            .map(|start| self.frame(prefix, &content[start..(start + size).min(content.len())]))
+            .collect()
     }
 
     fn frame(&self, prefix: &[u32], piece: &[u32]) -> Vec<u32> {
@@ -258,6 +264,20 @@ fn unit(mut v: Vec<f32>) -> Vec<f32> {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
     v.iter_mut().for_each(|x| *x /= norm);
     v
+}
+
+/// At most `n` of `items` (n >= 2), the first, the last and evenly between,
+/// in order; all of them when there are no more than `n`.
+fn evenly_spread(items: &[usize], n: usize) -> impl Iterator<Item = usize> + '_ {
+    let len = items.len();
+    let take = len.min(n);
+    (0..take).map(move |k| {
+        if take == len {
+            items[k]
+        } else {
+            items[k * (len - 1) / (take - 1)]
+        }
+    })
 }
 
 #[cfg(test)]
@@ -355,6 +375,30 @@ mod tests {
             assert_eq!(*w.last().unwrap(), model.eos);
         }
         assert_eq!(model.prefix, model.tokens("")[..model.prefix.len()]);
+
+        // A text at the request limit is read in MAX_WINDOWS windows, its
+        // start and its end among them.
+        let huge = "The committee met on Tuesday to review the library budget. ".repeat(500)
+            + "The meeting closed at noon.";
+        let sampled = model.windows(&huge);
+        assert_eq!(sampled.len(), MAX_WINDOWS);
+        assert_eq!(sampled[0], model.windows(&long)[0]);
+        let last = &sampled[MAX_WINDOWS - 1];
+        assert_eq!(last[last.len() - 2], *model.tokens(&huge).last().unwrap());
+    }
+
+    #[test]
+    fn an_even_spread_keeps_the_ends_and_everything_when_there_is_room() {
+        let items: Vec<usize> = (0..20).collect();
+        assert_eq!(
+            evenly_spread(&items, 5).collect::<Vec<_>>(),
+            vec![0, 4, 9, 14, 19]
+        );
+        assert_eq!(
+            evenly_spread(&items[..3], 5).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(evenly_spread(&items[..1], 8).collect::<Vec<_>>(), vec![0]);
     }
 
     #[test]
