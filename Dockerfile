@@ -18,10 +18,8 @@ COPY scripts ./scripts
 RUN cargo build --release --locked --bin moderato
 # The OCR models as published (ppocr/source/) are only the input of their
 # rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones. The e5
-# encoder (72 MB) is read only by heads with a second stage, which the
-# shipped heads are not: it stays out of the image until they are.
-RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source \
-    && if ! grep -q '"e5"' assets/text-model/heads.json; then rm -rf /models/e5; fi
+# encoder (72 MB) stays: MODERATO_TEXT_MODEL__SECOND_STAGE=true reads it.
+RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -145,6 +145,9 @@ pub struct TextModelConfig {
     pub embedding_cache_entries: usize,
     /// The widest instructions the encoder's 8-bit kernels may use.
     pub cpu_kernel: CpuKernel,
+    /// Serve the heads with a second stage: texts the first stage finds
+    /// suspect are read again by multilingual-e5-small.
+    pub second_stage: bool,
 }
 
 /// `text_model.cpu_kernel`: every kernel gives the same embeddings, so this

@@ -27,7 +27,9 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use config::{Config, ImageClassifierKind, TextClassifierKind, ThresholdOverrides};
+use config::{
+    Config, ImageClassifierKind, TextClassifierKind, TextModelConfig, ThresholdOverrides,
+};
 use moderation::engine::{Engine, EngineParts};
 use moderation::{ImageClassifier, TextClassifier};
 
@@ -195,7 +197,7 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
     let text = text_classifier(
         config.text_classifier,
         &config.models_dir,
-        config.text_model.embedding_cache_entries,
+        &config.text_model,
     )?;
     let image = match config.image_classifier {
         ImageClassifierKind::None => None,
@@ -299,11 +301,12 @@ type ImageCache = Mutex<HashMap<PathBuf, Arc<dyn ImageClassifier>>>;
 fn text_classifier(
     kind: TextClassifierKind,
     models_dir: &Path,
-    cache_entries: usize,
+    settings: &TextModelConfig,
 ) -> anyhow::Result<Arc<dyn TextClassifier>> {
     static CACHE: OnceLock<TextCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (format!("{kind:?}"), models_dir.to_path_buf());
+    let second_stage = settings.second_stage && kind == TextClassifierKind::Minilm;
+    let key = (format!("{kind:?} {second_stage}"), models_dir.to_path_buf());
     if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(found.clone());
     }
@@ -311,9 +314,9 @@ fn text_classifier(
         TextClassifierKind::Null => Arc::new(moderation::text::null::NullClassifier),
         TextClassifierKind::Lexical => Arc::new(moderation::LexicalClassifier::new()),
         TextClassifierKind::Minilm => Arc::new(
-            moderation::text::model::EmbeddingClassifier::load(models_dir)
+            moderation::text::model::EmbeddingClassifier::load_shipped(models_dir, second_stage)
                 .context("loading the text model (run scripts/setup.sh to fetch its files)")?
-                .with_embedding_cache(cache_entries),
+                .with_embedding_cache(settings.embedding_cache_entries),
         ),
     };
     cache

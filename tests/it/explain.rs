@@ -131,7 +131,17 @@ async fn explained(app: &TestApp, key: &str, texts: &[&str]) -> Value {
 /// A 2,000-character harmless post with one threat in the middle: the
 /// threat is explained by its own sentence, not by the whole post.
 async fn a_threat_in_a_long_post_is_pinpointed(backend: Backend) {
-    let app = spawn_app(backend).await;
+    threat_in_a_long_post_pinpointed(spawn_app(backend).await).await;
+}
+
+/// The same with the second stage on (`text_model.second_stage`), whose
+/// reading of the whole post must not dilute the threat.
+async fn a_threat_in_a_long_post_is_pinpointed_with_the_second_stage(backend: Backend) {
+    let app = spawn_app_with(backend, |c| c.text_model.second_stage = true).await;
+    threat_in_a_long_post_pinpointed(app).await;
+}
+
+async fn threat_in_a_long_post_pinpointed(app: TestApp) {
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let mut sentences: Vec<&str> = HARMLESS.iter().cycle().take(27).copied().collect();
     sentences.insert(sentences.len() / 2, THREAT);
@@ -364,6 +374,7 @@ on_both_backends!(
     the_lexical_classifier_explains_by_its_terms,
     images_get_no_explanations_and_indices_skip_them,
     a_threat_in_a_long_post_is_pinpointed,
+    a_threat_in_a_long_post_is_pinpointed_with_the_second_stage,
     a_threat_split_across_items_names_both,
     lexicon_explanations_point_at_what_was_written,
     without_explain_the_response_is_unchanged,

@@ -16,18 +16,33 @@ fn model() -> &'static EmbeddingClassifier {
     })
 }
 
+/// The shipped heads with the second stage (`text_model.second_stage`).
+fn second_stage_model() -> &'static EmbeddingClassifier {
+    static MODEL: OnceLock<EmbeddingClassifier> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        EmbeddingClassifier::load_shipped(&models_dir(), true)
+            .unwrap_or_else(|e| panic!("second stage did not load ({e}); run scripts/setup.sh"))
+    })
+}
+
+/// The categories `model`'s own thresholds flag for `text`.
+fn flagged_by(model: &EmbeddingClassifier, text: &str) -> (Vec<Category>, CategoryScores) {
+    let s = model.score_batch(&[text]).expect("scoring failed")[0];
+    let decided = model.default_thresholds().decide(&s);
+    let flags = Category::ALL
+        .into_iter()
+        .filter(|c| decided[c.index()])
+        .collect();
+    (flags, s)
+}
+
 fn scores(text: &str) -> CategoryScores {
     model().score_batch(&[text]).expect("scoring failed")[0]
 }
 
 /// The categories the shipped thresholds flag for `text`.
 fn flagged(text: &str) -> Vec<Category> {
-    let s = scores(text);
-    let decided = model().default_thresholds().decide(&s);
-    Category::ALL
-        .into_iter()
-        .filter(|c| decided[c.index()])
-        .collect()
+    flagged_by(model(), text).0
 }
 
 fn assert_flags(text: &str, expected: Category) {
@@ -604,4 +619,175 @@ fn heads_with_a_second_stage_need_its_file() {
     );
     // The shipped heads have no second stage and do not need the file.
     EmbeddingClassifier::load(dir.path()).expect("the shipped heads load without e5");
+}
+
+/// The probes of `train/probe.py`: a text and the category it must flag
+/// (`None`: nothing).
+const PROBES: &[(&str, Option<Category>)] = &[
+    (
+        "I know where you live and tonight I am going to kill you.",
+        Some(Category::HarassmentThreatening),
+    ),
+    (
+        "I want to end my life, I have the pills ready for tonight.",
+        Some(Category::SelfHarm),
+    ),
+    (
+        "You are a worthless, disgusting idiot and everyone hates you.",
+        Some(Category::Harassment),
+    ),
+    (
+        "Write me an explicit sex scene between two coworkers.",
+        Some(Category::Sexual),
+    ),
+    (
+        "He ripped her stomach open and her guts spilled across the floor.",
+        Some(Category::Violence),
+    ),
+    ("How do I kill a Python process that hangs on exit?", None),
+    (
+        "The film's violence was stylised and never gratuitous.",
+        None,
+    ),
+    (
+        "If you are having thoughts of suicide, please reach out to a crisis line.",
+        None,
+    ),
+    (
+        "Police said two people were injured in a shooting downtown on Tuesday.",
+        None,
+    ),
+    ("Can you recommend a good recipe for banana bread?", None),
+    (
+        "I will m*rder you and your whole family",
+        Some(Category::HarassmentThreatening),
+    ),
+    (
+        "I will k i l l you and your whole family",
+        Some(Category::HarassmentThreatening),
+    ),
+    (
+        "kill yourself you worthless loser",
+        Some(Category::Harassment),
+    ),
+    (
+        "k1ll y0urs3lf you worthless loser",
+        Some(Category::Harassment),
+    ),
+    (
+        "k!ll yourself you worthless loser",
+        Some(Category::Harassment),
+    ),
+    (
+        "k i l l   y o u r s e l f you worthless loser",
+        Some(Category::Harassment),
+    ),
+    (
+        "kiiiill yourself you worthless loser",
+        Some(Category::Harassment),
+    ),
+    (
+        "f#ck you, you worthless piece of sh1t",
+        Some(Category::Harassment),
+    ),
+    (
+        "f*ck you, you worthless piece of sh*t",
+        Some(Category::Harassment),
+    ),
+    (
+        "I want to commit s.u.i.c.i.d.e tonight, I have the pills",
+        Some(Category::SelfHarm),
+    ),
+    (
+        "How do I kill my neighbour without getting caught?",
+        Some(Category::Violence),
+    ),
+    ("How do I break someone's arm?", Some(Category::Violence)),
+    (
+        "How can I drown someone in a pool?",
+        Some(Category::Violence),
+    ),
+    (
+        "How do I torture a person to make them talk?",
+        Some(Category::Violence),
+    ),
+    ("How can I kill time at the airport?", None),
+    ("How do I beat my brother at chess?", None),
+    ("How do I gut a fish?", None),
+    ("What's the plot of Macbeth and who does he murder?", None),
+    // The unshipped candidate .17 flagged this as a threat.
+    ("See you at the meeting tomorrow.", None),
+    (
+        "Thanks for the quick reply, see you at the meeting tomorrow!",
+        None,
+    ),
+];
+
+#[test]
+fn both_stages_pass_every_probe() {
+    let second = second_stage_model();
+    assert_ne!(second.version(), model().version());
+    let mut failed = Vec::new();
+    for (name, m) in [("first stage", model()), ("second stage", second)] {
+        for &(text, want) in PROBES {
+            let (flags, s) = flagged_by(m, text);
+            let ok = match want {
+                Some(c) => flags.contains(&c),
+                None => flags.is_empty(),
+            };
+            if !ok {
+                failed.push(format!(
+                    "{name}: {text:?} wants {want:?}, got {flags:?} ({s:?})"
+                ));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+#[test]
+fn with_the_second_stage_a_harmless_item_does_not_dilute_an_insult_after_it() {
+    let items = [
+        "Can you recommend a good recipe for banana bread?",
+        "kill yourself you worthless loser",
+    ];
+    let m = second_stage_model();
+    let (each, combined) = m.score_items(&items, &Deadline::distant()).unwrap();
+    let combined = combined.expect("two items have a combined verdict");
+    let t = m.default_thresholds();
+    assert!(!t.decide(&each[0]).iter().any(|&f| f), "{:?}", each[0]);
+    assert!(
+        t.decide(&each[1])[Category::Harassment.index()],
+        "{:?}",
+        each[1]
+    );
+    assert!(
+        combined.get(Category::Harassment) >= each[1].get(Category::Harassment),
+        "the items together hold the insult: {combined:?} against {:?}",
+        each[1]
+    );
+}
+
+#[test]
+fn with_the_second_stage_a_threat_buried_in_a_long_post_is_still_flagged() {
+    let minutes = "The committee met on Tuesday to review the library budget and agreed to \
+                   meet again next month. ";
+    let post = format!(
+        "{}I know where you live and I am going to kill you and your family. {}",
+        minutes.repeat(20),
+        minutes.repeat(20)
+    );
+    let (flags, s) = flagged_by(second_stage_model(), &post);
+    assert!(
+        flags.contains(&Category::HarassmentThreatening),
+        "{flags:?} {s:?}"
+    );
+    // And the whole post, at the request limit, is read in bounded time:
+    // e5 reads at most a few windows of it (see e5::MAX_WINDOWS).
+    let long = post.repeat(32_000 / post.len());
+    let (flags, _) = flagged_by(second_stage_model(), &long);
+    assert!(
+        flags.contains(&Category::HarassmentThreatening),
+        "{flags:?}"
+    );
 }

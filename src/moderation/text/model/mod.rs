@@ -53,6 +53,15 @@ pub const SHIPPED_HEADS_JSON: &str = include_str!(concat!(
     "/assets/text-model/heads.json"
 ));
 
+/// The shipped heads with a second stage (multilingual-e5, see
+/// [`heads::E5Block`]), served when the operator turns it on
+/// (`text_model.second_stage`): more accurate on real text, several times
+/// the CPU for the texts it reads again (eval/ABLATION-real.md).
+pub const SHIPPED_SECOND_STAGE_HEADS_JSON: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/text-model/heads-e5.json"
+));
+
 #[derive(Debug, thiserror::Error)]
 pub enum TextModelError {
     #[error("model file {} is missing: run scripts/setup.sh to fetch it", path.display())]
@@ -97,6 +106,20 @@ impl EmbeddingClassifier {
     /// Loads the encoder from `models_dir/minilm/` and the shipped heads.
     pub fn load(models_dir: &Path) -> Result<EmbeddingClassifier, TextModelError> {
         EmbeddingClassifier::load_with_heads(models_dir, SHIPPED_HEADS_JSON)
+    }
+
+    /// The shipped heads with the second stage (and `models_dir/e5/`) when
+    /// `second_stage`, else [`EmbeddingClassifier::load`].
+    pub fn load_shipped(
+        models_dir: &Path,
+        second_stage: bool,
+    ) -> Result<EmbeddingClassifier, TextModelError> {
+        let heads = if second_stage {
+            SHIPPED_SECOND_STAGE_HEADS_JSON
+        } else {
+            SHIPPED_HEADS_JSON
+        };
+        EmbeddingClassifier::load_with_heads(models_dir, heads)
     }
 
     /// Like [`EmbeddingClassifier::load`] with other heads (training, tests)
