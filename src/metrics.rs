@@ -38,6 +38,7 @@ pub mod names {
     pub const CACHE_MISSES: &str = "moderato_embedding_cache_misses_total";
     pub const DATABASE_ERRORS: &str = "moderato_database_errors_total";
     pub const REMOTE_IMAGE_FETCHES: &str = "moderato_remote_image_fetches_total";
+    pub const SECOND_STAGE_TEXTS: &str = "moderato_second_stage_texts_total";
 }
 
 /// Upper bounds of the latency buckets, in seconds: a short text is a few
@@ -192,13 +193,18 @@ fn describe() {
         Unit::Count,
         "Database errors, by kind (unavailable, conflict, other)"
     );
+    describe_counter!(
+        SECOND_STAGE_TEXTS,
+        Unit::Count,
+        "Texts the first stage found suspect and the second encoder read again (text_model.second_stage)"
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::names::*;
 
-    const ALL: [&str; 19] = [
+    const ALL: [&str; 20] = [
         HTTP_REQUESTS,
         HTTP_DURATION,
         MODEL_DURATION,
@@ -218,6 +224,7 @@ mod tests {
         CACHE_MISSES,
         DATABASE_ERRORS,
         REMOTE_IMAGE_FETCHES,
+        SECOND_STAGE_TEXTS,
     ];
 
     /// The shipped dashboard queries only metrics the service exports, and

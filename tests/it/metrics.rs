@@ -243,7 +243,31 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
     assert_eq!(status, 404, "{body}");
 }
 
-on_both_backends!(counters_move_when_requests_are_made);
+/// With the second stage on, a suspect text is counted as read again (the
+/// recorder is shared by the tests running beside this one, so only the
+/// least it moved is known).
+async fn the_second_stage_counts_what_it_reads_again(backend: Backend) {
+    let (app, metrics) =
+        spawn_app_with_metrics(backend, |c| c.text_model.second_stage = true).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let before = Scrape::take(&app.client, &metrics).await;
+    for text in [
+        "kill yourself you worthless loser",
+        "Can you recommend a good recipe for banana bread?",
+    ] {
+        let response = app.moderate_text(&key, text).await;
+        assert_eq!(response.status(), 200);
+    }
+    let after = Scrape::take(&app.client, &metrics).await;
+    let name = "moderato_second_stage_texts_total";
+    let moved = after.sum(name, &[]) - before.sum(name, &[]);
+    assert!(moved >= 1.0, "{name} moved by {moved}");
+}
+
+on_both_backends!(
+    counters_move_when_requests_are_made,
+    the_second_stage_counts_what_it_reads_again
+);
 
 #[test]
 fn the_parser_reads_labels_with_commas_and_rejects_garbage() {

@@ -560,6 +560,8 @@ impl EmbeddingClassifier {
         if consulted.is_empty() {
             return Ok(());
         }
+        metrics::counter!(crate::metrics::names::SECOND_STAGE_TEXTS)
+            .increment(consulted.len() as u64);
         // Every view the first stage read (the de-obfuscated one too), so
         // that `k i l l` is no weaker here than there.
         let views: Vec<Vec<Cow<str>>> = consulted
