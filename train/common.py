@@ -373,8 +373,8 @@ def second_stage(S, Z, block: dict, parents=PARENTS):
     categories of block["keep"] a first-stage score at or over the value
     given there is never lowered (one sentence the chunks found makes the
     text a threat, whatever surrounds it; a pooled reading of the whole
-    dilutes it); then parents are raised to their children again
-    (sexual/minors is not composed again)."""
+    dilutes it); then parents are raised to their children again, sexual
+    to sexual/minors too (which the first stage composes under it)."""
     S = np.array(S, dtype=np.float64)
     gated = S.max(axis=1) >= block["gate"]
     a = block["weight"]
@@ -386,6 +386,9 @@ def second_stage(S, Z, block: dict, parents=PARENTS):
         mixed = 1.0 / (1.0 + np.exp(-((1 - a) * np.log(p / (1 - p)) + a * Z[gated, i])))
         keep = block.get("keep", {}).get(c, np.inf)
         S[gated, i] = np.where(s >= keep, np.maximum(s, mixed), mixed)
+    # sexual is raised to its kind sexual/minors, as every parent (Rust Heads::with_e5).
+    si, mi = CATEGORIES.index("sexual"), CATEGORIES.index("sexual/minors")
+    S[gated, si] = np.maximum(S[gated, si], S[gated, mi])
     for child, parent in parents:
         ci, pi = CATEGORIES.index(child), CATEGORIES.index(parent)
         S[gated, pi] = np.maximum(S[gated, pi], S[gated, ci])

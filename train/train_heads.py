@@ -116,7 +116,7 @@ E5_KEPT = ["harassment/threatening", "hate/threatening", "self-harm/intent", "se
 E5_CATEGORIES = [c for c in eval_sets.OPENAI_MAP.values() if c != "sexual/minors"]
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 18  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 19  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -726,7 +726,7 @@ def main():
         print(f"train: {h:24s} C={C if C is not None else 'mlp':<4} calib AUPRC={ap:.3f} pos train/calib={int(lab[tr].sum())}/{int(lab[cal].sum())}", file=sys.stderr)
 
     out = with_adapter({
-        "version": f"{datetime.date.today().isoformat()}.{REVISION}",
+        "version": heads_version(),
         "input": SHIPPED_INPUT,
         "window": dict(WINDOW),
         "heads": heads,
@@ -796,12 +796,19 @@ def choose_thresholds(out, report, keep, P, Z, labels, harmless, hard_negative, 
     print(f"train: wrote {path}", file=sys.stderr)
 
 
+def heads_version():
+    return f"{datetime.date.today().isoformat()}.{REVISION}"
+
+
 def thresholds_only():
     """MODERATO_THRESHOLDS_ONLY=1: the thresholds of the heads the last full
     run fitted (train/out/fitted.pkl) chosen again, without refitting: for
-    trying a threshold rule in seconds instead of minutes."""
+    trying a threshold rule in seconds instead of minutes. The heads get
+    today's version (REVISION): their scores or thresholds may differ."""
     with open(WORK / "fitted.pkl", "rb") as f:
-        choose_thresholds(*pickle.load(f))
+        fitted = pickle.load(f)
+    fitted[0]["version"] = heads_version()
+    choose_thresholds(*fitted)
 
 
 if __name__ == "__main__":
