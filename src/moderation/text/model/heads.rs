@@ -178,7 +178,7 @@ impl Head {
         if let Some(hidden) = &self.hidden {
             z += hidden.logit(embedding, lexical);
         }
-        1.0 / (1.0 + (-z).exp())
+        sigmoid(z)
     }
 }
 
@@ -249,6 +249,10 @@ fn logit(p: f32) -> f32 {
     (p / (1.0 - p)).ln()
 }
 
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + (-z).exp())
+}
+
 impl E5Block {
     /// Whether a text with these first-stage scores is read again.
     pub fn consulted(&self, scores: &CategoryScores) -> bool {
@@ -270,7 +274,7 @@ impl E5Block {
                     .fold(f32::NEG_INFINITY, f32::max);
                 let first = scores.get(c);
                 let z = (1.0 - self.weight) * logit(first) + self.weight * reading;
-                let mixed = 1.0 / (1.0 + (-z).exp());
+                let mixed = sigmoid(z);
                 let kept = keep.is_some_and(|k| first >= k);
                 scores.set(c, if kept { mixed.max(first) } else { mixed });
             }
@@ -630,10 +634,6 @@ mod tests {
         let mut e5 = vec![0.0f32; E5_DIM];
         e5[0] = z / 10.0;
         e5
-    }
-
-    fn sigmoid(z: f32) -> f32 {
-        1.0 / (1.0 + (-z).exp())
     }
 
     #[test]
