@@ -227,8 +227,9 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
     at_least("moderato_usage_events_journaled_total", &[], 5.0);
     at_least("moderato_usage_batches_written_total", &[], 1.0);
     // The same text twice: its chunks come from the cache the second time.
-    at_least("moderato_embedding_cache_hits_total", &[], 1.0);
-    at_least("moderato_embedding_cache_misses_total", &[], 1.0);
+    let minilm = [("encoder", "minilm")];
+    at_least("moderato_embedding_cache_hits_total", &minilm, 1.0);
+    at_least("moderato_embedding_cache_misses_total", &minilm, 1.0);
     assert!(after.has("moderato_usage_queue_depth_events"));
 
     // Never on the API's listener.
@@ -243,25 +244,48 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
     assert_eq!(status, 404, "{body}");
 }
 
-/// With the second stage on, a suspect text is counted as read again (the
+/// With the second stage on, a suspect text is counted as read again, and
+/// the same text sent again comes from the second encoder's cache (the
 /// recorder is shared by the tests running beside this one, so only the
-/// least it moved is known).
+/// least each counter moved is known).
 async fn the_second_stage_counts_what_it_reads_again(backend: Backend) {
     let (app, metrics) =
         spawn_app_with_metrics(backend, |c| c.text_model.second_stage = true).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let before = Scrape::take(&app.client, &metrics).await;
+    // Never sent before in this process, so its first reading is encoded.
+    let insult = format!(
+        "kill yourself you worthless loser {}",
+        uuid::Uuid::new_v4().simple()
+    );
     for text in [
-        "kill yourself you worthless loser",
+        insult.as_str(),
         "Can you recommend a good recipe for banana bread?",
+        insult.as_str(),
     ] {
         let response = app.moderate_text(&key, text).await;
         assert_eq!(response.status(), 200);
     }
     let after = Scrape::take(&app.client, &metrics).await;
+    let moved =
+        |name: &str, labels: &[(&str, &str)]| after.sum(name, labels) - before.sum(name, labels);
     let name = "moderato_second_stage_texts_total";
-    let moved = after.sum(name, &[]) - before.sum(name, &[]);
-    assert!(moved >= 1.0, "{name} moved by {moved}");
+    assert!(
+        moved(name, &[]) >= 2.0,
+        "{name} moved by {}",
+        moved(name, &[])
+    );
+    let e5 = [("encoder", "e5")];
+    for name in [
+        "moderato_embedding_cache_misses_total",
+        "moderato_embedding_cache_hits_total",
+    ] {
+        assert!(
+            moved(name, &e5) >= 1.0,
+            "{name}{{encoder=\"e5\"}} moved by {}",
+            moved(name, &e5)
+        );
+    }
 }
 
 on_both_backends!(

@@ -791,3 +791,40 @@ fn with_the_second_stage_a_threat_buried_in_a_long_post_is_still_flagged() {
         "{flags:?}"
     );
 }
+
+#[test]
+fn the_second_stage_reads_a_repeated_text_from_its_cache_and_scores_it_the_same() {
+    let cached = EmbeddingClassifier::load_shipped(&models_dir(), true)
+        .unwrap()
+        .with_embedding_cache(1_000);
+    // Suspect, so the second stage reads it; repeated, as spam floods are;
+    // and a long post, whose windows the first reading stores.
+    let post = format!(
+        "{}I know where you live and I am going to kill you. {}",
+        "The committee met on Tuesday to review the library budget. ".repeat(30),
+        "They agreed to meet again next month. ".repeat(30)
+    );
+    let texts = ["kill yourself you worthless loser", post.as_str()];
+    let first = cached.score_batch(&texts).unwrap();
+    let after_first = cached
+        .second_stage_cache_stats()
+        .expect("the e5 cache is on");
+    assert!(
+        after_first.misses >= 2 && after_first.hits == 0,
+        "{after_first:?}"
+    );
+    let again = cached.score_batch(&texts).unwrap();
+    let after_again = cached.second_stage_cache_stats().unwrap();
+    assert_eq!(
+        after_again.misses, after_first.misses,
+        "nothing encoded again"
+    );
+    assert_eq!(after_again.hits, after_first.misses);
+    assert_eq!(first, again);
+    assert_eq!(first, second_stage_model().score_batch(&texts).unwrap());
+    // Without the second stage there is no second cache.
+    let plain = EmbeddingClassifier::load(&models_dir())
+        .unwrap()
+        .with_embedding_cache(10);
+    assert!(plain.second_stage_cache_stats().is_none());
+}

@@ -5,24 +5,30 @@
 //! (see `files.rs`), so the key needs no model version: another model is
 //! another cache.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+use super::TextModelError;
 use crate::moderation::classifier::EmbeddingCacheStats;
 
 pub struct EmbeddingCache {
+    /// The encoder whose embeddings these are, as the metrics label it.
+    encoder: &'static str,
     entries: Mutex<LruCache<Vec<u32>, Arc<[f32]>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
 
 impl EmbeddingCache {
-    /// A cache of up to `capacity` embeddings; `None` for 0.
-    pub fn new(capacity: usize) -> Option<EmbeddingCache> {
+    /// A cache of up to `capacity` embeddings of `encoder` (the metrics'
+    /// label); `None` for 0.
+    pub fn new(capacity: usize, encoder: &'static str) -> Option<EmbeddingCache> {
         Some(EmbeddingCache {
+            encoder,
             entries: Mutex::new(LruCache::new(NonZeroUsize::new(capacity)?)),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -39,8 +45,10 @@ impl EmbeddingCache {
         let misses = windows.len() as u64 - hits;
         self.hits.fetch_add(hits, Ordering::Relaxed);
         self.misses.fetch_add(misses, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::names::CACHE_HITS).increment(hits);
-        metrics::counter!(crate::metrics::names::CACHE_MISSES).increment(misses);
+        metrics::counter!(crate::metrics::names::CACHE_HITS, "encoder" => self.encoder)
+            .increment(hits);
+        metrics::counter!(crate::metrics::names::CACHE_MISSES, "encoder" => self.encoder)
+            .increment(misses);
         found
     }
 
@@ -62,14 +70,56 @@ impl EmbeddingCache {
     }
 }
 
+/// The embedding of every window, in order: identical windows are
+/// computed once, windows in `cache` are looked up, and the rest are
+/// computed together by `compute` (and cached).
+pub fn embed_through(
+    cache: Option<&EmbeddingCache>,
+    windows: &[&[u32]],
+    compute: impl FnOnce(&[&[u32]]) -> Result<Vec<Arc<[f32]>>, TextModelError>,
+) -> Result<Vec<Arc<[f32]>>, TextModelError> {
+    let mut first_of: HashMap<&[u32], usize> = HashMap::new();
+    let mut distinct: Vec<&[u32]> = Vec::new();
+    let slot: Vec<usize> = windows
+        .iter()
+        .map(|w| {
+            *first_of.entry(w).or_insert_with(|| {
+                distinct.push(w);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let mut found: Vec<Option<Arc<[f32]>>> = match cache {
+        Some(cache) => cache.get_all(&distinct),
+        None => vec![None; distinct.len()],
+    };
+    let missing: Vec<usize> = (0..distinct.len())
+        .filter(|&d| found[d].is_none())
+        .collect();
+    if !missing.is_empty() {
+        let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
+        let computed = compute(&todo)?;
+        if let Some(cache) = cache {
+            cache.insert_all(&todo, &computed);
+        }
+        for (d, e) in missing.into_iter().zip(computed) {
+            found[d] = Some(e);
+        }
+    }
+    Ok(slot
+        .into_iter()
+        .map(|d| found[d].clone().unwrap_or_else(|| Arc::from(Vec::new())))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn keeps_at_most_capacity_and_counts_hits_and_misses() {
-        assert!(EmbeddingCache::new(0).is_none());
-        let cache = EmbeddingCache::new(2).unwrap();
+        assert!(EmbeddingCache::new(0, "test").is_none());
+        let cache = EmbeddingCache::new(2, "test").unwrap();
         let (a, b, c) = ([1u32, 2].as_slice(), [3u32].as_slice(), [4u32].as_slice());
         let e: Arc<[f32]> = Arc::from(vec![0.5f32]);
         assert_eq!(cache.get_all(&[a, b]), vec![None, None]);

@@ -2,7 +2,6 @@
 //! run with candle on the CPU, mean-pooled and L2-normalised exactly as
 //! sentence-transformers does, so embeddings match the published model.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +14,7 @@ use super::adapter::Adapter;
 #[cfg(test)]
 use super::bert::{batch_len, MAX_BATCH_TOKENS};
 use super::bert::{Bert, Config, Precision, Workspace};
-use super::cache::EmbeddingCache;
+use super::cache::{embed_through, EmbeddingCache};
 use super::files::{read_verified, ModelFile};
 use super::TextModelError;
 use crate::moderation::Deadline;
@@ -124,7 +123,7 @@ impl MiniLm {
 
     /// Keeps up to `entries` embeddings across calls (none with 0).
     pub fn set_cache(&mut self, entries: usize) {
-        self.cache = EmbeddingCache::new(entries);
+        self.cache = EmbeddingCache::new(entries, "minilm");
     }
 
     /// Runs `f` in the encoder's thread pool (the second encoder's passes
@@ -288,39 +287,12 @@ impl MiniLm {
         windows: &[Vec<u32>],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<f32>>, TextModelError> {
-        let mut first_of: HashMap<&[u32], usize> = HashMap::new();
-        let mut distinct: Vec<&[u32]> = Vec::new();
-        let slot: Vec<usize> = windows
-            .iter()
-            .map(|w| {
-                *first_of.entry(w.as_slice()).or_insert_with(|| {
-                    distinct.push(w);
-                    distinct.len() - 1
-                })
-            })
-            .collect();
-        let mut found: Vec<Option<Arc<[f32]>>> = match &self.cache {
-            Some(cache) => cache.get_all(&distinct),
-            None => vec![None; distinct.len()],
-        };
-        let missing: Vec<usize> = (0..distinct.len())
-            .filter(|&d| found[d].is_none())
-            .collect();
-        if !missing.is_empty() {
-            let todo: Vec<&[u32]> = missing.iter().map(|&d| distinct[d]).collect();
-            let computed = self.pool.install(|| self.embed_distinct(&todo, deadline))?;
-            let computed: Vec<Arc<[f32]>> = computed.into_iter().map(Arc::from).collect();
-            if let Some(cache) = &self.cache {
-                cache.insert_all(&todo, &computed);
-            }
-            for (d, e) in missing.into_iter().zip(computed) {
-                found[d] = Some(e);
-            }
-        }
-        Ok(slot
-            .into_iter()
-            .map(|d| found[d].as_deref().map(<[f32]>::to_vec).unwrap_or_default())
-            .collect())
+        let windows: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
+        let embedded = embed_through(self.cache.as_ref(), &windows, |todo| {
+            let computed = self.pool.install(|| self.embed_distinct(todo, deadline))?;
+            Ok(computed.into_iter().map(Arc::from).collect())
+        })?;
+        Ok(embedded.iter().map(|e| e.to_vec()).collect())
     }
 
     /// Embeddings of distinct windows, in bounded passes (see

@@ -188,11 +188,20 @@ impl EmbeddingClassifier {
         })
     }
 
-    /// Keeps up to `entries` window embeddings across calls (none with 0,
-    /// the default): repeated sentences then skip the encoder.
+    /// Keeps up to `entries` window embeddings across calls, per encoder
+    /// (none with 0, the default): repeated sentences then skip the
+    /// encoders.
     pub fn with_embedding_cache(mut self, entries: usize) -> EmbeddingClassifier {
         self.encoder.set_cache(entries);
+        if let Some(e5) = &mut self.e5 {
+            e5.set_cache(entries);
+        }
         self
+    }
+
+    /// The second encoder's cache figures, when it runs and has a cache.
+    pub fn second_stage_cache_stats(&self) -> Option<EmbeddingCacheStats> {
+        self.e5.as_ref()?.cache().map(|c| c.stats())
     }
 
     /// The version of the heads, e.g. `2026-11-22.1`.

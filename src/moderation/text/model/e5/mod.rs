@@ -18,11 +18,12 @@ mod file;
 mod unigram;
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::bert::{
     Bert, BlockWeights, EmbeddingWeights, LayerWeights, Precision, WordTable, Workspace,
 };
+use super::cache::{embed_through, EmbeddingCache};
 use super::files::read_pinned;
 use super::q4;
 use super::TextModelError;
@@ -61,6 +62,8 @@ pub struct E5 {
     /// The pieces of the prefix, which every scoring window starts with.
     prefix: Vec<u32>,
     workspaces: Mutex<Vec<Workspace>>,
+    /// Scoring-window embeddings kept across calls (see [`E5::set_cache`]).
+    cache: Option<EmbeddingCache>,
 }
 
 impl E5 {
@@ -129,7 +132,19 @@ impl E5 {
             bos: v.bos,
             eos: v.eos,
             workspaces: Mutex::new(Vec::new()),
+            cache: None,
         })
+    }
+
+    /// Keeps up to `entries` scoring-window embeddings across calls (none
+    /// with 0): a repeated message then costs the second stage a look-up,
+    /// as it costs the first stage (see `super::cache`).
+    pub fn set_cache(&mut self, entries: usize) {
+        self.cache = EmbeddingCache::new(entries, "e5");
+    }
+
+    pub fn cache(&self) -> Option<&EmbeddingCache> {
+        self.cache.as_ref()
     }
 
     pub fn dim(&self) -> usize {
@@ -218,32 +233,54 @@ impl E5 {
 
     /// The L2-normalised embedding of every scoring window (see
     /// [`E5::windows`]) of every text, per text; stops before the next
-    /// pass once `deadline` is over.
+    /// pass once `deadline` is over. Identical windows are encoded once,
+    /// and windows embedded by earlier calls come from the cache when
+    /// there is one.
     pub fn embed_windows_within(
         &self,
         texts: &[&str],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
         let windows: Vec<Vec<Vec<u32>>> = texts.iter().map(|t| self.windows(t)).collect();
-        Ok(self
-            .pool_windows(&windows, deadline)?
-            .into_iter()
-            .map(|means| means.into_iter().map(unit).collect())
+        let flat: Vec<&[u32]> = windows.iter().flatten().map(Vec::as_slice).collect();
+        let embedded = embed_through(self.cache.as_ref(), &flat, |todo| {
+            Ok(self
+                .window_means(todo, deadline)?
+                .into_iter()
+                .map(|m| Arc::from(unit(m)))
+                .collect())
+        })?;
+        let mut embedded = embedded.iter().map(|e| e.to_vec());
+        Ok(windows
+            .iter()
+            .map(|ws| embedded.by_ref().take(ws.len()).collect())
             .collect())
     }
 
-    /// The mean over all tokens (markers included, as the package pools)
-    /// of each window's last hidden states, per text and window.
+    /// [`E5::window_means`] per text and window.
     fn pool_windows(
         &self,
         texts: &[Vec<Vec<u32>>],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<Vec<f32>>>, TextModelError> {
-        let h = self.dim();
         let flat: Vec<&[u32]> = texts.iter().flatten().map(Vec::as_slice).collect();
-        let means = self
-            .model
-            .forward_pooled(&self.workspaces, &flat, deadline, |states| {
+        let mut means = self.window_means(&flat, deadline)?.into_iter();
+        Ok(texts
+            .iter()
+            .map(|ws| means.by_ref().take(ws.len()).collect())
+            .collect())
+    }
+
+    /// The mean over all tokens (markers included, as the package pools)
+    /// of each window's last hidden states, in order.
+    fn window_means(
+        &self,
+        windows: &[&[u32]],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<f32>>, TextModelError> {
+        let h = self.dim();
+        self.model
+            .forward_pooled(&self.workspaces, windows, deadline, |states| {
                 let mut mean = vec![0f32; h];
                 for row in states.chunks_exact(h) {
                     mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
@@ -251,12 +288,7 @@ impl E5 {
                 let n = (states.len() / h).max(1) as f32;
                 mean.iter_mut().for_each(|m| *m /= n);
                 mean
-            })?;
-        let mut means = means.into_iter();
-        Ok(texts
-            .iter()
-            .map(|ws| means.by_ref().take(ws.len()).collect())
-            .collect())
+            })
     }
 }
 
