@@ -8,7 +8,8 @@
 //! `OUT_PREFIX.f32` (little-endian f32 rows) and `OUT_PREFIX.idx`
 //! (little-endian u32: the input line of each row), as the `embed` example
 //! does. The model is read from `$MODERATO_MODELS_DIR/e5` or
-//! `<repository>/models/e5`.
+//! `<repository>/models/e5`. `E5_LAYERS=n` keeps only the first `n`
+//! layers (see `E5::load_layers`).
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 
@@ -25,7 +26,11 @@ fn main() -> anyhow::Result<()> {
         (Some(i), Some(o)) => (i, o),
         _ => bail!("usage: embed_e5 IN.jsonl OUT_PREFIX"),
     };
-    let model = E5::load(&moderato::config::repository_models_dir().join(E5_DIR))?;
+    let dir = moderato::config::repository_models_dir().join(E5_DIR);
+    let model = match std::env::var("E5_LAYERS") {
+        Ok(n) => E5::load_layers(&dir, n.parse().context("E5_LAYERS is a positive number")?)?,
+        Err(_) => E5::load(&dir)?,
+    };
     let reader =
         BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);
     let mut texts = Vec::new();

@@ -106,17 +106,25 @@ def lexical_bin() -> Path:
     return examples_dir() / "lexical_features"
 
 
-E5_STORE = WORK / "e5" / "windows.pkl"
+# MODERATO_E5_LAYERS=n: heads trained now read the output of e5's first n
+# layers (the block's "layers"), not its last.
+E5_LAYERS = int(os.environ["MODERATO_E5_LAYERS"]) if os.environ.get("MODERATO_E5_LAYERS") else None
 
 
-def e5_embeddings(texts, label: str = ""):
+def e5_store(layers):
+    return WORK / "e5" / (f"windows-L{layers}.pkl" if layers else "windows.pkl")
+
+
+def e5_embeddings(texts, label: str = "", layers=None):
     """multilingual-e5 embeddings of the raw texts as the service computes
     them (the Rust example `embed_e5`): one normalised row per scoring
     window (a text of up to 128 tokens is one), and the text index of each
     row, as embed_texts returns MiniLM's chunks. Stored per text in
     train/out/e5/windows.pkl, so only texts never seen are embedded (about
-    19 ms a short text on two cores)."""
-    store = pickle.loads(E5_STORE.read_bytes()) if E5_STORE.exists() else {}
+    19 ms a short text on two cores). `layers`: only the first so many of
+    e5's layers (all when None), stored apart."""
+    path = e5_store(layers)
+    store = pickle.loads(path.read_bytes()) if path.exists() else {}
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     if missing:
         print(f"e5 {label}: {len(missing)} new texts", file=sys.stderr)
@@ -125,13 +133,16 @@ def e5_embeddings(texts, label: str = ""):
             with open(jsonl, "w") as f:
                 for t in missing:
                     f.write(json.dumps({"text": t}) + "\n")
-            subprocess.run([str(examples_dir() / "embed_e5"), str(jsonl), str(out)], check=True, cwd=ROOT)
+            env = {k: v for k, v in os.environ.items() if k != "E5_LAYERS"}
+            if layers:
+                env["E5_LAYERS"] = str(layers)
+            subprocess.run([str(examples_dir() / "embed_e5"), str(jsonl), str(out)], check=True, cwd=ROOT, env=env)
             rows = np.fromfile(f"{out}.f32", dtype="<f4").reshape(-1, E5_DIM)
             line = np.fromfile(f"{out}.idx", dtype="<u4")
         for i, t in enumerate(missing):
             store[_text_key(t)] = rows[line == i]
-        E5_STORE.parent.mkdir(parents=True, exist_ok=True)
-        E5_STORE.write_bytes(pickle.dumps(store, protocol=pickle.HIGHEST_PROTOCOL))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(store, protocol=pickle.HIGHEST_PROTOCOL))
     parts = [store[_text_key(t)] for t in texts]
     if not parts:
         return np.zeros((0, E5_DIM), np.float32), np.zeros(0, np.int64)
@@ -337,7 +348,8 @@ def apply_heads(heads: dict, vecs, idx, n, lex=None, e5=None):
 def e5_if_needed(heads: dict, texts, label: str = ""):
     """The texts' e5 window embeddings (rows, text index) when `heads` read
     them, else None."""
-    return e5_embeddings(texts, label) if heads.get("e5") else None
+    block = heads.get("e5")
+    return e5_embeddings(texts, label, block.get("layers")) if block else None
 
 
 def e5_logits(block: dict, e5):

@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -90,7 +90,9 @@ TRAIN_ON = os.environ.get("MODERATO_TRAIN_ON", "served")
 # MODERATO_E5_POOL how a text's windows speak ("mean", as the heads are
 # fitted, or "max", the rule of .17), MODERATO_E5_KEEP the first-stage score
 # from which the mix may raise but not lower the categories of E5_KEPT (1:
-# it may always lower, as in .17).
+# it may always lower, as in .17), MODERATO_E5_LAYERS how many of e5's layers
+# the heads read (common.E5_LAYERS; 6 lost the whole gain, see
+# eval/ABLATION-real.md).
 USE_E5 = os.environ.get("MODERATO_E5", "0") == "1"
 E5_C = 0.01
 E5_WEIGHT = float(os.environ.get("MODERATO_E5_WEIGHT", "0.5"))
@@ -630,7 +632,7 @@ def fit_e5_block(rows, split, pool):
     regressions for calibration rows. Fitted on each text's mean window
     embedding; scored as served (E5_POOL). Standardisation
     is folded into w, b."""
-    vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows")
+    vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows", E5_LAYERS)
     E = e5_text_means(vecs, idx, len(rows))
     train = split == "train"
     mu, sd = E[train].mean(0), E[train].std(0) + 1e-6
@@ -673,6 +675,8 @@ def fit_e5_block(rows, split, pool):
             Z[held, i] = zk[held]
         print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}", file=sys.stderr)
     block = {"gate": E5_GATE, "weight": E5_WEIGHT, "pool": E5_POOL, "keep": kept(heads), "heads": heads}
+    if E5_LAYERS:
+        block["layers"] = E5_LAYERS
     return block, Z
 
 

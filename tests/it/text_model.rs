@@ -621,6 +621,28 @@ fn heads_with_a_second_stage_need_its_file() {
     EmbeddingClassifier::load(dir.path()).expect("the shipped heads load without e5");
 }
 
+#[test]
+fn the_second_stage_runs_as_many_e5_layers_as_its_heads_read() {
+    let with_layers = |layers: usize| {
+        let mut heads: serde_json::Value =
+            serde_json::from_str(&heads_with_second_stage(0.1)).unwrap();
+        heads["e5"]["layers"] = serde_json::json!(layers);
+        EmbeddingClassifier::load_with_heads(&models_dir(), &heads.to_string())
+    };
+    let err = with_layers(13).err().expect("e5-small has 12 layers");
+    assert!(err.to_string().contains("layer 13"), "{err}");
+    // Heads that read an earlier layer get another reading of the same text.
+    let text = ["you are an idiot and everyone hates you"];
+    let six = with_layers(6).unwrap().score_batch(&text).unwrap();
+    let twelve = with_layers(12).unwrap().score_batch(&text).unwrap();
+    let all = EmbeddingClassifier::load_with_heads(&models_dir(), &heads_with_second_stage(0.1))
+        .unwrap()
+        .score_batch(&text)
+        .unwrap();
+    assert_eq!(twelve, all);
+    assert_ne!(six, twelve);
+}
+
 /// The probes of `train/probe.py`: a text and the category it must flag
 /// (`None`: nothing).
 const PROBES: &[(&str, Option<Category>)] = &[

@@ -11,6 +11,7 @@
 //! which recognises text about children and young teenagers.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 
 use serde::Deserialize;
 
@@ -100,6 +101,10 @@ struct E5Spec {
     /// Per category, the first-stage score from which the mix may raise but
     /// not lower it; categories not named may always be lowered.
     keep: HashMap<String, f32>,
+    /// How many of e5's layers the heads read (the output of the last of
+    /// them, mean-pooled); absent: all of them.
+    #[serde(default)]
+    layers: Option<NonZeroUsize>,
     heads: HashMap<String, LinearSpec>,
 }
 
@@ -229,6 +234,7 @@ pub struct E5Block {
     gate: f32,
     weight: f32,
     pool: WindowPool,
+    layers: Option<NonZeroUsize>,
     /// Indexed by category; `None` where the second encoder has no head.
     heads: Vec<Option<E5Head>>,
 }
@@ -254,6 +260,12 @@ fn sigmoid(z: f32) -> f32 {
 }
 
 impl E5Block {
+    /// How many of e5's layers to run (`None`: all): the heads were fitted
+    /// on the output of the last of them.
+    pub fn layers(&self) -> Option<NonZeroUsize> {
+        self.layers
+    }
+
     /// Whether a text with these first-stage scores is read again.
     pub fn consulted(&self, scores: &CategoryScores) -> bool {
         scores.iter().any(|(_, s)| s >= self.gate)
@@ -497,6 +509,7 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         gate: spec.gate,
         weight: spec.weight,
         pool: spec.pool,
+        layers: spec.layers,
         heads,
     })
 }
@@ -756,6 +769,18 @@ mod tests {
         let violence = serde_json::json!({"violence": {"w": vec![0.0f32; E5_DIM], "b": 0.0}});
         let err = with(block(0.1, "mean", 0.9, &violence)).err().unwrap();
         assert!(err.to_string().contains("keep names hate"), "{err}");
+        // The layers the heads read: all when absent, never none.
+        let read = |layers: serde_json::Value| {
+            let mut b = block(0.1, "mean", 0.9, &head);
+            b["layers"] = layers;
+            with(b)
+        };
+        let all = with(block(0.1, "mean", 0.9, &head)).unwrap();
+        assert_eq!(all.e5.unwrap().layers(), None);
+        let six = read(serde_json::json!(6)).unwrap().e5.unwrap().layers();
+        assert_eq!(six.map(NonZeroUsize::get), Some(6));
+        assert!(read(serde_json::json!(0)).is_err());
+        assert!(read(serde_json::json!(-1)).is_err());
     }
 
     #[test]

@@ -175,8 +175,9 @@ impl EmbeddingClassifier {
             }
         };
         let encoder = MiniLm::load(&models_dir.join(MINILM_DIR), adapter.as_ref())?;
-        let e5 = match heads.e5 {
-            Some(_) => Some(E5::load(&models_dir.join(E5_DIR))?),
+        let e5 = match heads.e5.as_ref().map(|block| block.layers()) {
+            Some(None) => Some(E5::load(&models_dir.join(E5_DIR))?),
+            Some(Some(layers)) => Some(E5::load_layers(&models_dir.join(E5_DIR), layers)?),
             None => None,
         };
         Ok(EmbeddingClassifier {

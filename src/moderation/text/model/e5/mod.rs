@@ -17,6 +17,7 @@
 mod file;
 mod unigram;
 
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -69,10 +70,21 @@ pub struct E5 {
 impl E5 {
     /// Loads and checksum-verifies `dir/e5-small-q4.bin`.
     pub fn load(dir: &Path) -> Result<E5, TextModelError> {
-        E5::load_with(dir, Precision::Int8)
+        E5::load_with(dir, Precision::Int8, None)
     }
 
-    fn load_with(dir: &Path, p: Precision) -> Result<E5, TextModelError> {
+    /// [`E5::load`] keeping only the first `layers` layers: the embeddings
+    /// are then the mean-pooled output of the last of them, at that
+    /// fraction of the cost. More layers than the model has is an error.
+    pub fn load_layers(dir: &Path, layers: NonZeroUsize) -> Result<E5, TextModelError> {
+        E5::load_with(dir, Precision::Int8, Some(layers))
+    }
+
+    fn load_with(
+        dir: &Path,
+        p: Precision,
+        keep_layers: Option<NonZeroUsize>,
+    ) -> Result<E5, TextModelError> {
         let bytes = read_pinned(dir, E5_FILE, E5_SHA256)?;
         let f = E5File::parse(&bytes)?;
         let s = f.shape;
@@ -98,7 +110,17 @@ impl E5 {
                 f.f32s(&format!("{name}.b"), h)?,
             ))
         };
-        let layers = (0..s.layers)
+        let kept = match keep_layers {
+            Some(n) if n.get() > s.layers => {
+                return Err(TextModelError::Invalid(format!(
+                    "e5: the heads read layer {n}, the model file has {}",
+                    s.layers
+                )))
+            }
+            Some(n) => n.get(),
+            None => s.layers,
+        };
+        let layers = (0..kept)
             .map(|l| {
                 Ok(LayerWeights {
                     query: blocks(&format!("l{l}.q"), h, h)?,
@@ -435,7 +457,7 @@ mod tests {
 
     #[test]
     fn eight_bit_products_stay_close_to_the_f32_ones() {
-        let f32_model = E5::load_with(&models_dir(), Precision::F32).unwrap();
+        let f32_model = E5::load_with(&models_dir(), Precision::F32, None).unwrap();
         let int8_model = E5::load(&models_dir()).unwrap();
         let texts = [
             "kill yourself you worthless loser",
@@ -458,6 +480,27 @@ mod tests {
             ])
             .unwrap();
         assert!(cosine(&threat[0], &threat[1]) > cosine(&threat[0], &threat[2]));
+    }
+
+    #[test]
+    fn fewer_layers_read_an_earlier_layer_and_more_than_the_model_has_are_refused() {
+        let n = |k: usize| NonZeroUsize::new(k).unwrap();
+        let err = E5::load_layers(&models_dir(), n(13)).err().unwrap();
+        assert!(err.to_string().contains("layer 13"), "{err}");
+        let all = E5::load(&models_dir()).unwrap();
+        let twelve = E5::load_layers(&models_dir(), n(12)).unwrap();
+        let six = E5::load_layers(&models_dir(), n(6)).unwrap();
+        let text = ["I am going to hurt you"];
+        let d = Deadline::distant();
+        let full = all.embed_windows_within(&text, &d).unwrap();
+        assert_eq!(full, twelve.embed_windows_within(&text, &d).unwrap());
+        let early = &six.embed_windows_within(&text, &d).unwrap()[0][0];
+        assert_eq!(early.len(), E5_DIM);
+        assert!((early.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-4);
+        assert!(
+            cosine(early, &full[0][0]) < 0.999,
+            "another layer's reading"
+        );
     }
 
     #[test]
