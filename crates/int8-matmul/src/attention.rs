@@ -59,7 +59,7 @@ pub fn attention(
     let tasks = seqs.len() * heads;
     // Multiply-adds of the whole batch: small ones stay on one thread.
     let work: usize = seqs.iter().map(|s| s.len() * s.len()).sum::<usize>() * hidden;
-    if work < 1 << 18 {
+    if !crate::split(work, 1 << 18) {
         (0..tasks).map(|t| (t / heads, t % heads)).for_each(job);
     } else {
         (0..tasks)
@@ -227,5 +227,36 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
         }
+    }
+
+    #[test]
+    fn a_large_batch_stays_whole_while_calls_wait_and_keeps_its_bits() {
+        let _serial = crate::tests::CALLS_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (heads, dh, len) = (12, 32, 64);
+        let hidden = heads * dh;
+        let qkv = values(len * 3 * hidden, 7);
+        let whole = 0..len;
+        let seqs = std::slice::from_ref(&whole);
+        let (mut alone, mut crowded) = (vec![0f32; len * hidden], vec![0f32; len * hidden]);
+        let before = crate::SPLITS.get();
+        attention(&qkv, seqs, heads, dh, &mut alone);
+        assert_eq!(
+            crate::SPLITS.get(),
+            before + 1,
+            "a batch this large is split"
+        );
+        let (_one, _two) = (crate::Call::enter(), crate::Call::enter());
+        attention(&qkv, seqs, heads, dh, &mut crowded);
+        assert_eq!(
+            crate::SPLITS.get(),
+            before + 1,
+            "with calls waiting it is not"
+        );
+        assert_eq!(
+            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            crowded.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 }

@@ -10,6 +10,9 @@
 //! for a short message that took most of the time. As 8-bit blocks they are
 //! 11 MB and stay cached.
 
+#[cfg(test)]
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -17,6 +20,54 @@ use rayon::prelude::*;
 pub mod attention;
 pub mod ops;
 mod simd;
+
+thread_local! {
+    /// Products and attention batches this thread has split across the
+    /// pool: what the tests observe.
+    #[cfg(test)]
+    static SPLITS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Calls ([`Call`]) that will run products, running or waiting for cores.
+static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// A call that runs products (a request's encoder passes), counted while
+/// it lives. While more than one is counted, each product and attention
+/// batch stays on the thread that starts it, however large; the results
+/// are the same bits.
+///
+/// Why: splitting a product across the cores nearly halves the latency
+/// of a request that is alone, but when other requests are waiting for
+/// the same cores it only adds the cost of handing work over and waiting
+/// for it. It is decided per product, so a request that started alone
+/// stops splitting as soon as another arrives.
+#[must_use = "the call is counted only while the value lives"]
+pub struct Call(());
+
+impl Call {
+    pub fn enter() -> Call {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        Call(())
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        CALLS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a product of `work` multiply-adds should be split across the
+/// pool: not when it is small (waking a second thread costs more than it
+/// saves) nor while other calls wait for the cores.
+fn split(work: usize, at_least: usize) -> bool {
+    let worth_it = work >= at_least && CALLS.load(Ordering::Relaxed) <= 1;
+    #[cfg(test)]
+    if worth_it {
+        SPLITS.set(SPLITS.get() + 1);
+    }
+    worth_it
+}
 
 /// Values per quantisation block.
 pub const BLOCK: usize = 32;
@@ -382,10 +433,8 @@ impl Int8Matrix {
                 finish_columns(out, m, cols, bias, act);
             }
         };
-        // Columns of the output in chunks; small products stay on one thread,
-        // where waking a second would cost more than it saves.
-        let work = m * self.rows * self.cols;
-        if work < 1 << 20 {
+        // Columns of the output in chunks, split across the pool when worth it.
+        if !split(m * self.rows * self.cols, 1 << 20) {
             columns(0..self.rows);
             return;
         }
@@ -878,6 +927,48 @@ mod tests {
         let mut out = vec![0f32; m * n];
         q.matmul(&x, m, &mut out);
         assert_within_rounding(&w, &x, m, n, k, &out);
+    }
+
+    /// Serialises the tests that count calls or splits: the count is the
+    /// process's.
+    pub(crate) static CALLS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn products_stay_whole_while_calls_wait_and_keep_their_bits() {
+        let _serial = CALLS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, n, k) = (40, 200, 256);
+        let q = Int8Matrix::quantize(&matrix(n, k, 5), n, k);
+        let x = matrix(m, k, 6);
+        let splits = || SPLITS.get();
+        let (mut alone, mut crowded, mut after) =
+            (vec![0f32; m * n], vec![0f32; m * n], vec![0f32; m * n]);
+        let before = splits();
+        {
+            let _call = Call::enter();
+            q.matmul(&x, m, &mut alone);
+            assert_eq!(
+                splits(),
+                before + 1,
+                "a call alone splits a product this large"
+            );
+            let _other = Call::enter();
+            q.matmul(&x, m, &mut crowded);
+            assert_eq!(
+                splits(),
+                before + 1,
+                "with another call waiting it does not"
+            );
+        }
+        assert_eq!(
+            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            crowded.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        q.matmul(&x, m, &mut after);
+        assert_eq!(
+            splits(),
+            before + 2,
+            "calls are counted only while they live"
+        );
     }
 
     #[test]
