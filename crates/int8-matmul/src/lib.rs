@@ -72,9 +72,10 @@ fn split(work: usize, at_least: usize) -> bool {
 /// Values per quantisation block.
 pub const BLOCK: usize = 32;
 
-/// The kernels. All three sum the same integer products into the same
-/// eight lanes per block and scale them in the same order, so they give
-/// bit-identical results: embeddings do not depend on the CPU's features.
+/// The kernels. For a matrix of either [`Form`], all of them sum the same
+/// integer products into the same lanes per block and scale them in the
+/// same order, so they give bit-identical results: embeddings do not depend
+/// on the CPU's features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
     Portable,
@@ -194,10 +195,43 @@ pub struct Int8Matrix {
     rows: usize,
     cols: usize,
     kernel: Kernel,
-    /// In the kernel's order (see [`VNNI_ORDER`]).
+    form: Form,
+    /// [`Form::Rows`]: row-major, in the kernel's order (see
+    /// [`VNNI_ORDER`]). [`Form::Narrow`]: offset by [`NARROW_OFFSET`] and
+    /// interleaved (see [`interleave`]).
     values: Vec<i8>,
+    /// One per block of a row, in the order of `values`.
     scales: Vec<f32>,
 }
+
+/// How a matrix's weights are stored and multiplied. Chosen from the
+/// weights alone, never from the CPU, so every kernel of one form gives
+/// the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// Any 8-bit weights, row by row: each product sums eight lanes per
+    /// block, scaled one by one, then across.
+    Rows,
+    /// Weights in `[-8, 8]` (4-bit weights widened, as e5's are) and rows
+    /// a multiple of [`GROUP`]: one vector holds four weights of each of
+    /// eight output columns, multiplied against four broadcast
+    /// activations, so a block's whole sum is an exact integer per column
+    /// and is scaled once, eight columns in one instruction, with no sum
+    /// across lanes at the end.
+    ///
+    /// Why: the row form spends about as many instructions scaling and
+    /// summing lanes as multiplying; for weights this small, 16-bit sums
+    /// of a whole block cannot overflow (`16 x 127 x 16 = 32,512`), so
+    /// the AVX2 kernel can use byte multiply-adds and scale once per block.
+    Narrow,
+}
+
+/// Output columns interleaved in a [`Form::Narrow`] matrix.
+const GROUP: usize = 8;
+
+/// What [`Form::Narrow`] adds to each weight so that it is a byte the
+/// multiply-add instructions read as unsigned.
+const NARROW_OFFSET: i32 = 8;
 
 /// Activations `m x k`, quantised like the weights, in the form the
 /// matrix's kernel multiplies (borrowed from a [`Scratch`]).
@@ -213,6 +247,9 @@ enum RowValues<'a> {
     /// Offset by 128 to `u8` (the VNNI instruction multiplies unsigned by
     /// signed bytes) and in [`VNNI_ORDER`].
     Offset(&'a [u8]),
+    /// Signed bytes, natural order, with each block's sum
+    /// ([`Form::Narrow`]: it takes the weights' offset back out).
+    Signed { values: &'a [i8], sums: &'a [i32] },
 }
 
 /// Buffers for the quantised activations, kept by the caller between
@@ -221,6 +258,8 @@ enum RowValues<'a> {
 pub struct Scratch {
     wide: Vec<i16>,
     offset: Vec<u8>,
+    signed: Vec<i8>,
+    sums: Vec<i32>,
     scales: Vec<f32>,
 }
 
@@ -271,6 +310,32 @@ fn permute_blocks<T: Copy>(values: &mut [T]) {
     }
 }
 
+/// The [`Form::Narrow`] order of row-major weights and their block scales.
+/// For output columns `8g..8g+8`, block `b` is 256 bytes: quad `q` (32
+/// bytes) holds, for each column `c` in turn, its weights `32b + 4q` to
+/// `32b + 4q + 3`, offset by [`NARROW_OFFSET`]. The block's scales follow
+/// the same order, eight columns together.
+fn interleave(values: &[i8], scales: &[f32], rows: usize, cols: usize) -> (Vec<i8>, Vec<f32>) {
+    let blocks = cols / BLOCK;
+    let mut out = vec![0i8; values.len()];
+    let mut out_scales = vec![0f32; scales.len()];
+    for n in 0..rows {
+        let (g, c) = (n / GROUP, n % GROUP);
+        for b in 0..blocks {
+            let group_block = g * blocks + b;
+            out_scales[group_block * GROUP + c] = scales[n * blocks + b];
+            let base = group_block * GROUP * BLOCK;
+            for i in 0..BLOCK {
+                let (q, t) = (i / 4, i % 4);
+                let v = values[n * cols + b * BLOCK + i] as i32 + NARROW_OFFSET;
+                // As a byte: the kernels read it unsigned (0..=16).
+                out[base + q * GROUP * 4 + c * 4 + t] = v as u8 as i8;
+            }
+        }
+    }
+    (out, out_scales)
+}
+
 /// Quantises `src` block by block to `[-127, 127]` (as `T`), with one
 /// scale per block. An all-zero or non-finite block becomes zeros with
 /// scale 0, so it cannot poison the others.
@@ -316,6 +381,21 @@ simd::dispatch! {
             .zip(scales.iter_mut())
         {
             *s = quantize_block(block, out, |q| q as i16);
+        }
+    }
+}
+
+simd::dispatch! {
+    /// Activations for [`Form::Narrow`]: signed bytes, and each block's sum.
+    fn quantize_signed(src: &[f32], values: &mut [i8], sums: &mut [i32], scales: &mut [f32]) {
+        for (((block, out), s), sum) in src
+            .chunks_exact(BLOCK)
+            .zip(values.chunks_exact_mut(BLOCK))
+            .zip(scales.iter_mut())
+            .zip(sums.iter_mut())
+        {
+            *s = quantize_block(block, out, |q| q as i8);
+            *sum = out.iter().map(|&v| v as i32).sum();
         }
     }
 }
@@ -370,6 +450,21 @@ impl Int8Matrix {
         );
         assert_eq!(values.len(), rows * cols, "values are not rows x cols");
         assert_eq!(scales.len(), rows * cols / BLOCK, "not one scale per block");
+        let narrow = rows.is_multiple_of(GROUP)
+            && values
+                .iter()
+                .all(|&v| (-NARROW_OFFSET..=NARROW_OFFSET).contains(&(v as i32)));
+        if narrow {
+            let (values, scales) = interleave(&values, &scales, rows, cols);
+            return Int8Matrix {
+                rows,
+                cols,
+                kernel,
+                form: Form::Narrow,
+                values,
+                scales,
+            };
+        }
         if kernel == Kernel::Vnni {
             permute_blocks(&mut values);
         }
@@ -377,6 +472,7 @@ impl Int8Matrix {
             rows,
             cols,
             kernel,
+            form: Form::Rows,
             values,
             scales,
         }
@@ -420,7 +516,7 @@ impl Int8Matrix {
         if let Some(bias) = bias {
             assert_eq!(bias.len(), self.rows, "bias is not one value per row");
         }
-        let xq = Int8Rows::quantize(scratch, x, m, self.cols, self.kernel);
+        let xq = Int8Rows::quantize(scratch, x, m, self.cols, self);
         let out = OutPtr {
             ptr: out.as_mut_ptr(),
             ld: self.rows,
@@ -472,16 +568,31 @@ unsafe fn finish_columns(
 }
 
 impl<'a> Int8Rows<'a> {
-    fn quantize(scratch: &'a mut Scratch, x: &[f32], m: usize, k: usize, kernel: Kernel) -> Self {
+    /// `x` (`m x k`) in the form `w` multiplies.
+    fn quantize(scratch: &'a mut Scratch, x: &[f32], m: usize, k: usize, w: &Int8Matrix) -> Self {
         debug_assert_eq!(x.len(), m * k);
         let Scratch {
             wide,
             offset,
+            signed,
+            sums,
             scales,
         } = scratch;
         scales.clear();
         scales.resize(x.len() / BLOCK, 0.0);
-        let values = match kernel {
+        if w.form == Form::Narrow {
+            signed.clear();
+            signed.resize(x.len(), 0);
+            sums.clear();
+            sums.resize(x.len() / BLOCK, 0);
+            quantize_signed(x, signed, sums, scales);
+            let values = RowValues::Signed {
+                values: signed,
+                sums,
+            };
+            return Int8Rows { k, values, scales };
+        }
+        let values = match w.kernel {
             Kernel::Portable | Kernel::Avx2 => {
                 wide.clear();
                 wide.resize(x.len(), 0);
@@ -503,13 +614,14 @@ impl<'a> Int8Rows<'a> {
         let len = match &self.values {
             RowValues::Wide(v) => v.len(),
             RowValues::Offset(v) => v.len(),
+            RowValues::Signed { values, .. } => values.len(),
         };
         len / self.k
     }
 }
 
 mod kernel {
-    use super::{Int8Matrix, Int8Rows, Kernel, OutPtr, RowValues, BLOCK};
+    use super::{Int8Matrix, Int8Rows, Kernel, OutPtr, RowValues, BLOCK, GROUP};
     use std::ops::Range;
 
     /// Writes, for every activation row `r` and weight row `n` in `cols`,
@@ -519,6 +631,23 @@ mod kernel {
     /// `out` must point to `x.rows()` rows of `out.ld >= cols.end` values
     /// that no other thread touches in `cols`.
     pub(super) unsafe fn run(w: &Int8Matrix, x: &Int8Rows, cols: Range<usize>, out: OutPtr) {
+        if let RowValues::Signed { values, sums } = x.values {
+            let x = Narrow {
+                values,
+                sums,
+                scales: x.scales,
+                k: x.k,
+            };
+            return match w.kernel {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Kernel::detect` chose this kernel because the CPU
+                // has AVX2 (every VNNI machine has too). VNNI's dot product
+                // would save one instruction in three here; it is not written
+                // because this form was built on a machine without it.
+                Kernel::Avx2 | Kernel::Vnni => unsafe { x86::narrow_avx2(w, &x, cols, out) },
+                _ => portable_narrow(w, &x, cols, out),
+            };
+        }
         match (w.kernel, &x.values) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::detect` chose this kernel because the CPU has
@@ -559,6 +688,47 @@ mod kernel {
         }
     }
 
+    /// Activations quantised for a [`Form::Narrow`] matrix.
+    pub(super) struct Narrow<'a> {
+        values: &'a [i8],
+        sums: &'a [i32],
+        scales: &'a [f32],
+        k: usize,
+    }
+
+    impl Narrow<'_> {
+        fn rows(&self) -> usize {
+            self.values.len() / self.k
+        }
+    }
+
+    /// The narrow AVX2 kernel's arithmetic in plain Rust: per column and
+    /// block an exact integer sum, scaled with one fused multiply-add.
+    unsafe fn portable_narrow(w: &Int8Matrix, x: &Narrow, cols: Range<usize>, out: OutPtr) {
+        let (k, blocks) = (x.k, x.k / BLOCK);
+        let offset = super::NARROW_OFFSET;
+        for n in cols {
+            let (g, c) = (n / GROUP, n % GROUP);
+            for r in 0..x.rows() {
+                let mut acc = 0f32;
+                for b in 0..blocks {
+                    let group_block = g * blocks + b;
+                    let wb = &w.values[group_block * GROUP * BLOCK..][..GROUP * BLOCK];
+                    let xb = &x.values[r * k + b * BLOCK..][..BLOCK];
+                    let offset_sum: i32 = (0..BLOCK)
+                        .map(|i| {
+                            (wb[(i / 4) * GROUP * 4 + c * 4 + i % 4] as u8) as i32 * xb[i] as i32
+                        })
+                        .sum();
+                    let sum = offset_sum - offset * x.sums[r * blocks + b];
+                    let scale = w.scales[group_block * GROUP + c] * x.scales[r * blocks + b];
+                    acc = (sum as f32).mul_add(scale, acc);
+                }
+                *out.ptr.add(r * out.ld + n) = acc;
+            }
+        }
+    }
+
     /// The horizontal sum in the order the SIMD kernels do it.
     fn lane_sum(acc: &[f32; 8]) -> f32 {
         let pair: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
@@ -567,7 +737,8 @@ mod kernel {
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
-        use super::super::{Int8Matrix, Int8Rows, OutPtr, BLOCK};
+        use super::super::{Int8Matrix, Int8Rows, OutPtr, BLOCK, GROUP};
+        use super::Narrow;
         use std::arch::x86_64::*;
         use std::ops::Range;
 
@@ -735,6 +906,100 @@ mod kernel {
             acc
         }
 
+        /// [`super::portable_narrow`] on AVX2: for each group of eight
+        /// columns and up to `ROWS` activation rows, a tile of rows at a
+        /// time so that they stay in cache while the groups pass.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn narrow_avx2(
+            w: &Int8Matrix,
+            x: &Narrow,
+            cols: Range<usize>,
+            out: OutPtr,
+        ) {
+            let (k, m) = (x.k, x.rows());
+            let blocks = k / BLOCK;
+            assert!(cols.start.is_multiple_of(GROUP) && cols.end.is_multiple_of(GROUP));
+            assert!(w.values.len() >= cols.end * k && w.scales.len() >= cols.end * blocks);
+            assert!(x.sums.len() >= m * blocks && x.scales.len() >= m * blocks);
+            for tile in (0..m).step_by(TILE_ROWS) {
+                let tile_end = (tile + TILE_ROWS).min(m);
+                for g in cols.start / GROUP..cols.end / GROUP {
+                    let weights = w.values.as_ptr().add(g * blocks * GROUP * BLOCK);
+                    let wscales = w.scales.as_ptr().add(g * blocks * GROUP);
+                    let mut r = tile;
+                    while r < tile_end {
+                        let rows = (tile_end - r).min(ROWS);
+                        let group = NarrowRows {
+                            values: x.values.as_ptr().add(r * k),
+                            sums: x.sums.as_ptr().add(r * blocks),
+                            scales: x.scales.as_ptr().add(r * blocks),
+                            k,
+                            blocks,
+                        };
+                        let acc = match rows {
+                            4 => narrow_rows::<4>(weights, wscales, group),
+                            3 => narrow_rows::<3>(weights, wscales, group),
+                            2 => narrow_rows::<2>(weights, wscales, group),
+                            _ => narrow_rows::<1>(weights, wscales, group),
+                        };
+                        for (i, a) in acc.iter().enumerate().take(rows) {
+                            _mm256_storeu_ps(out.ptr.add((r + i) * out.ld + g * GROUP), *a);
+                        }
+                        r += rows;
+                    }
+                }
+            }
+        }
+
+        /// Where a group of activation rows of a narrow product is read.
+        #[derive(Clone, Copy)]
+        struct NarrowRows {
+            values: *const i8,
+            sums: *const i32,
+            scales: *const f32,
+            k: usize,
+            blocks: usize,
+        }
+
+        /// The eight columns' sums of `R` activation rows.
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn narrow_rows<const R: usize>(
+            weights: *const i8,
+            wscales: *const f32,
+            rows: NarrowRows,
+        ) -> [__m256; ROWS] {
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for b in 0..rows.blocks {
+                let mut sums = [_mm256_setzero_si256(); ROWS];
+                for q in 0..BLOCK / 4 {
+                    // SAFETY: the group's block b holds 8 quads of 32 bytes.
+                    let wq = weights.add((b * BLOCK / 4 + q) * GROUP * 4);
+                    let wv = _mm256_loadu_si256(wq as *const __m256i);
+                    for (i, s) in sums.iter_mut().enumerate().take(R) {
+                        // SAFETY: row i has k values; b * BLOCK + 4q + 4 <= k.
+                        let at = rows.values.add(i * rows.k + b * BLOCK + 4 * q);
+                        let xv = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                        // Pairs of offset weight (0..=16) x activation: at
+                        // most 4,064, and 16 of them per 16-bit lane over
+                        // the block at most 32,512: no saturation or wrap.
+                        *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(wv, xv));
+                    }
+                }
+                let ws = _mm256_loadu_ps(wscales.add(b * GROUP));
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    let at = i * rows.blocks + b;
+                    let offset =
+                        _mm256_set1_epi32(super::super::NARROW_OFFSET * *rows.sums.add(at));
+                    let sum = _mm256_sub_epi32(_mm256_madd_epi16(sums[i], ones), offset);
+                    let scale = _mm256_mul_ps(ws, _mm256_set1_ps(*rows.scales.add(at)));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
+                }
+            }
+            acc
+        }
+
         #[target_feature(enable = "avx2,fma")]
         unsafe fn horizontal_sum(v: __m256) -> f32 {
             let pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -870,6 +1135,134 @@ mod tests {
             q.matmul(&x, m, &mut out);
             assert_eq!(out, exact, "{kernel:?}");
         }
+    }
+
+    /// Pseudo-random 4-bit weights widened to `i8` (`[-8, 7]`, as e5's),
+    /// with their block scales, and the f32 matrix they stand for.
+    fn narrow_matrix(rows: usize, cols: usize, seed: u64) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+        let noise = matrix(rows, cols, seed);
+        let values: Vec<i8> = noise
+            .iter()
+            .map(|v| ((v * 16.0).round() as i32).clamp(-8, 7) as i8)
+            .collect();
+        let scales: Vec<f32> = matrix(rows * cols / BLOCK, 1, seed + 1)
+            .iter()
+            .map(|v| 0.01 + v.abs() * 0.05)
+            .collect();
+        let w = values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * scales[i / BLOCK])
+            .collect();
+        (values, scales, w)
+    }
+
+    #[test]
+    fn small_weights_take_the_narrow_form_and_others_do_not() {
+        let (values, scales, _) = narrow_matrix(16, 64, 11);
+        let q = Int8Matrix::from_blocks(values.clone(), scales.clone(), 16, 64);
+        assert_eq!(q.form, Form::Narrow);
+        // Rows not a multiple of the group, or one weight of 9: row form.
+        let q = Int8Matrix::from_blocks(values[..12 * 64].to_vec(), scales[..24].to_vec(), 12, 64);
+        assert_eq!(q.form, Form::Rows);
+        let mut wide = values;
+        wide[5] = 9;
+        assert_eq!(
+            Int8Matrix::from_blocks(wide, scales, 16, 64).form,
+            Form::Rows
+        );
+        // Quantised f32 weights use the whole 8-bit range.
+        assert_eq!(
+            Int8Matrix::quantize(&matrix(16, 64, 3), 16, 64).form,
+            Form::Rows
+        );
+    }
+
+    #[test]
+    fn narrow_products_are_close_to_f32_and_the_same_bits_on_every_kernel() {
+        let (n, k) = (48, 384);
+        let (values, scales, w) = narrow_matrix(n, k, 21);
+        for m in [1, 2, 3, 4, 5, 9, 33, 70] {
+            // Activations with a few large values, as a layer's are.
+            let x: Vec<f32> = matrix(m, k, 30 + m as u64)
+                .iter()
+                .map(|v| v * 6.0)
+                .collect();
+            let results: Vec<(Kernel, Vec<f32>)> = kernels()
+                .into_iter()
+                .map(|kernel| {
+                    let q =
+                        Int8Matrix::from_blocks_for(values.clone(), scales.clone(), n, k, kernel);
+                    assert_eq!(q.form, Form::Narrow);
+                    let mut out = vec![0f32; m * n];
+                    q.matmul(&x, m, &mut out);
+                    (kernel, out)
+                })
+                .collect();
+            let (_, portable) = &results[0];
+            assert_within_rounding(&w, &x, m, n, k, portable);
+            for (kernel, out) in &results[1..] {
+                let same = out
+                    .iter()
+                    .zip(portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{kernel:?} differs from the portable kernel at m={m}");
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_blocks_at_the_extremes_do_not_overflow() {
+        // Every weight -8 or 8 and every activation ±127: the 16-bit sums
+        // reach their bound, and the product must still be exact.
+        let (n, k, m) = (8, 64, 3);
+        let values: Vec<i8> = (0..n * k)
+            .map(|i| if i % 3 == 0 { -8 } else { 8 })
+            .collect();
+        let scales = vec![1.0f32; n * k / BLOCK];
+        let w: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        for sign in [1.0f32, -1.0] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        -127.0 * sign
+                    } else {
+                        127.0 * sign
+                    }
+                })
+                .collect();
+            let exact = reference(&w, &x, m, n, k);
+            for kernel in kernels() {
+                let q = Int8Matrix::from_blocks_for(values.clone(), scales.clone(), n, k, kernel);
+                assert_eq!(q.form, Form::Narrow);
+                let mut out = vec![0f32; m * n];
+                q.matmul(&x, m, &mut out);
+                assert_eq!(out, exact, "{kernel:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn large_narrow_products_split_across_threads_keep_their_bits() {
+        let _serial = CALLS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, n, k) = (40, 200, 256);
+        let (values, scales, w) = narrow_matrix(n, k, 41);
+        let q = Int8Matrix::from_blocks(values, scales, n, k);
+        let x = matrix(m, k, 42);
+        let (mut alone, mut crowded) = (vec![0f32; m * n], vec![0f32; m * n]);
+        let before = SPLITS.get();
+        {
+            let _call = Call::enter();
+            q.matmul(&x, m, &mut alone);
+            assert_eq!(SPLITS.get(), before + 1, "a call alone splits it");
+            let _other = Call::enter();
+            q.matmul(&x, m, &mut crowded);
+        }
+        assert_within_rounding(&w, &x, m, n, k, &alone);
+        assert_eq!(
+            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            crowded.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]
