@@ -112,7 +112,12 @@ E5_LAYERS = int(os.environ["MODERATO_E5_LAYERS"]) if os.environ.get("MODERATO_E5
 
 
 def e5_store(layers):
-    return WORK / "e5" / (f"windows-L{layers}.pkl" if layers else "windows.pkl")
+    # MODERATO_E5_STORE: a store of another build's e5 embeddings (compare.py
+    # names one per `@EXAMPLES` side), so that a change to how the service
+    # computes them is measured and not hidden by this build's stored rows.
+    tag = os.environ.get("MODERATO_E5_STORE")
+    name = "windows" + (f"-L{layers}" if layers else "") + (f"-{tag}" if tag else "")
+    return WORK / "e5" / f"{name}.pkl"
 
 
 def e5_embeddings(texts, label: str = "", layers=None):

@@ -9,11 +9,13 @@ Each heads file is scored with the n-gram model it names (by sha256): the
 shipped `assets/text-model/ngrams.bin` unless a path follows the colon; a
 heads file that names another model is refused rather than scored with the
 wrong one (the examples read the model from MODERATO_NGRAM_MODEL).
-A directory after `@` holds the `embed` and `lexical_features` binaries
-of another build to score that side with: heads from before a change to how
+A directory after `@` holds the `embed`, `lexical_features` and `embed_e5`
+binaries of another build to score that side with (its e5 embeddings are
+stored apart from this build's): heads from before a change to how
 the serving code computes their features (the n-gram windows, say) are then
 measured as they were served, not with today's code."""
 
+import hashlib
 import json
 import os
 import sys
@@ -49,6 +51,11 @@ THIS_BUILD = os.environ.get("MODERATO_EXAMPLES_DIR")
 
 def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH, examples=None):
     os.environ["MODERATO_NGRAM_MODEL"] = str(ngrams)  # read by the examples embed_texts and lexical_features run
+    # A side with its own build keeps its own e5 embeddings (common.e5_store).
+    if examples:
+        os.environ["MODERATO_E5_STORE"] = "at-" + hashlib.sha256(str(Path(examples).resolve()).encode()).hexdigest()[:12]
+    else:
+        os.environ.pop("MODERATO_E5_STORE", None)
     examples = examples or THIS_BUILD  # read by common.examples_dir
     if examples:
         os.environ["MODERATO_EXAMPLES_DIR"] = str(examples)
