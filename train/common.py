@@ -111,12 +111,18 @@ def lexical_bin() -> Path:
 E5_LAYERS = int(os.environ["MODERATO_E5_LAYERS"]) if os.environ.get("MODERATO_E5_LAYERS") else None
 
 
+def store_tag() -> str:
+    """What sets stored embeddings apart besides their texts: the kernels'
+    arithmetic (EMBEDDING_ARITHMETIC) and, from MODERATO_STORE_TAG, another
+    build's (compare.py names one per `@EXAMPLES` side), so that a change to
+    how the service computes embeddings is measured, and heads are fitted on
+    what the service computes, not on rows an older build stored."""
+    extra = os.environ.get("MODERATO_STORE_TAG")
+    return EMBEDDING_ARITHMETIC + (f"-{extra}" if extra else "")
+
+
 def e5_store(layers):
-    # MODERATO_E5_STORE: a store of another build's e5 embeddings (compare.py
-    # names one per `@EXAMPLES` side), so that a change to how the service
-    # computes them is measured and not hidden by this build's stored rows.
-    tag = os.environ.get("MODERATO_E5_STORE")
-    name = "windows" + (f"-L{layers}" if layers else "") + (f"-{tag}" if tag else "")
+    name = "windows" + (f"-L{layers}" if layers else "") + f"-{store_tag()}"
     return WORK / "e5" / f"{name}.pkl"
 
 
@@ -232,11 +238,16 @@ PIECE = 384  # texts per embed run: the store is saved after each, so an interru
 # an f32 erf, and sentence chunks instead of 256-token windows plus a
 # sentence view, since issue #11), so stores of older embeddings are never reused.
 ENCODER = "minilm-l6-int8-blocks32-chunks"
+# How the int8-matmul kernels sum a block ("grouped": an exact integer per
+# block and output column, scaled once). Change it whenever a kernel change
+# moves embeddings, so that no stored row of the old arithmetic is reused.
+EMBEDDING_ARITHMETIC = "grouped"
 
 
 def _store_path(config: dict, namespace: str) -> Path:
     key = {k: config[k] for k in ("input", "window")}
     key["encoder"] = ENCODER
+    key["store"] = store_tag()
     if config.get("encoder_adapter"):
         key["encoder_adapter"] = config["encoder_adapter"]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]

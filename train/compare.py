@@ -10,7 +10,7 @@ shipped `assets/text-model/ngrams.bin` unless a path follows the colon; a
 heads file that names another model is refused rather than scored with the
 wrong one (the examples read the model from MODERATO_NGRAM_MODEL).
 A directory after `@` holds the `embed`, `lexical_features` and `embed_e5`
-binaries of another build to score that side with (its e5 embeddings are
+binaries of another build to score that side with (its embeddings are
 stored apart from this build's): heads from before a change to how
 the serving code computes their features (the n-gram windows, say) are then
 measured as they were served, not with today's code."""
@@ -51,11 +51,11 @@ THIS_BUILD = os.environ.get("MODERATO_EXAMPLES_DIR")
 
 def scores(heads, texts, name, ngrams=NGRAM_MODEL_PATH, examples=None):
     os.environ["MODERATO_NGRAM_MODEL"] = str(ngrams)  # read by the examples embed_texts and lexical_features run
-    # A side with its own build keeps its own e5 embeddings (common.e5_store).
+    # A side with its own build keeps its own embeddings (common.store_tag).
     if examples:
-        os.environ["MODERATO_E5_STORE"] = "at-" + hashlib.sha256(str(Path(examples).resolve()).encode()).hexdigest()[:12]
+        os.environ["MODERATO_STORE_TAG"] = "at-" + hashlib.sha256(str(Path(examples).resolve()).encode()).hexdigest()[:12]
     else:
-        os.environ.pop("MODERATO_E5_STORE", None)
+        os.environ.pop("MODERATO_STORE_TAG", None)
     examples = examples or THIS_BUILD  # read by common.examples_dir
     if examples:
         os.environ["MODERATO_EXAMPLES_DIR"] = str(examples)
