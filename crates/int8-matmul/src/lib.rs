@@ -992,21 +992,23 @@ mod kernel {
             acc
         }
 
-        /// [`super::portable_narrow`] on AVX2: for each group of eight
-        /// columns and up to `ROWS` activation rows, a tile of rows at a
-        /// time so that they stay in cache while the groups pass.
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn narrow_avx2(
+        /// Visits every (group of eight output columns in `cols`, group of
+        /// up to `ROWS` of the `m` activation rows), a tile of rows at a time
+        /// so that they stay in cache while the column groups pass, and
+        /// stores the eight sums of each row. `group` gets the column
+        /// group's weights and scales, its first row and number of rows.
+        #[inline(always)]
+        unsafe fn for_each_column_group(
             w: &Int8Matrix,
-            x: &Narrow,
+            m: usize,
+            k: usize,
             cols: Range<usize>,
             out: OutPtr,
+            mut group: impl FnMut(*const i8, *const f32, usize, usize) -> [__m256; ROWS],
         ) {
-            let (k, m) = (x.k, x.rows());
             let blocks = k / BLOCK;
             assert!(cols.start.is_multiple_of(GROUP) && cols.end.is_multiple_of(GROUP));
             assert!(w.values.len() >= cols.end * k && w.scales.len() >= cols.end * blocks);
-            assert!(x.sums.len() >= m * blocks && x.scales.len() >= m * blocks);
             for tile in (0..m).step_by(TILE_ROWS) {
                 let tile_end = (tile + TILE_ROWS).min(m);
                 for g in cols.start / GROUP..cols.end / GROUP {
@@ -1015,19 +1017,7 @@ mod kernel {
                     let mut r = tile;
                     while r < tile_end {
                         let rows = (tile_end - r).min(ROWS);
-                        let group = NarrowRows {
-                            values: x.values.as_ptr().add(r * k),
-                            sums: x.sums.as_ptr().add(r * blocks),
-                            scales: x.scales.as_ptr().add(r * blocks),
-                            k,
-                            blocks,
-                        };
-                        let acc = match rows {
-                            4 => narrow_rows::<4>(weights, wscales, group),
-                            3 => narrow_rows::<3>(weights, wscales, group),
-                            2 => narrow_rows::<2>(weights, wscales, group),
-                            _ => narrow_rows::<1>(weights, wscales, group),
-                        };
+                        let acc = group(weights, wscales, r, rows);
                         for (i, a) in acc.iter().enumerate().take(rows) {
                             _mm256_storeu_ps(out.ptr.add((r + i) * out.ld + g * GROUP), *a);
                         }
@@ -1037,6 +1027,35 @@ mod kernel {
             }
         }
 
+        /// [`super::portable_narrow`] on AVX2.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn narrow_avx2(
+            w: &Int8Matrix,
+            x: &Narrow,
+            cols: Range<usize>,
+            out: OutPtr,
+        ) {
+            let (k, m) = (x.k, x.rows());
+            let blocks = k / BLOCK;
+            assert!(x.sums.len() >= m * blocks && x.scales.len() >= m * blocks);
+            for_each_column_group(w, m, k, cols, out, |weights, wscales, r, rows| {
+                let group = NarrowRows {
+                    values: x.values.as_ptr().add(r * k),
+                    sums: x.sums.as_ptr().add(r * blocks),
+                    scales: x.scales.as_ptr().add(r * blocks),
+                    k,
+                    blocks,
+                };
+                match rows {
+                    4 => narrow_rows::<4>(weights, wscales, group),
+                    3 => narrow_rows::<3>(weights, wscales, group),
+                    2 => narrow_rows::<2>(weights, wscales, group),
+                    _ => narrow_rows::<1>(weights, wscales, group),
+                }
+            });
+        }
+
+        /// [`super::portable_grouped`] on AVX2.
         #[target_feature(enable = "avx2,fma")]
         pub(super) unsafe fn grouped_avx2(
             w: &Int8Matrix,
@@ -1047,36 +1066,21 @@ mod kernel {
         ) {
             let (k, m) = (x.k, x.rows());
             let blocks = k / BLOCK;
-            assert!(cols.start.is_multiple_of(GROUP) && cols.end.is_multiple_of(GROUP));
-            assert!(w.values.len() >= cols.end * k && w.scales.len() >= cols.end * blocks);
             assert!(xv.len() >= m * k && x.scales.len() >= m * blocks);
-            for tile in (0..m).step_by(TILE_ROWS) {
-                let tile_end = (tile + TILE_ROWS).min(m);
-                for g in cols.start / GROUP..cols.end / GROUP {
-                    let weights = w.values.as_ptr().add(g * blocks * GROUP * BLOCK);
-                    let wscales = w.scales.as_ptr().add(g * blocks * GROUP);
-                    let mut r = tile;
-                    while r < tile_end {
-                        let rows = (tile_end - r).min(ROWS);
-                        let group = Rows {
-                            values: xv.as_ptr().add(r * k),
-                            scales: x.scales.as_ptr().add(r * blocks),
-                            k,
-                            blocks,
-                        };
-                        let acc = match rows {
-                            4 => grouped_rows::<4>(weights, wscales, group),
-                            3 => grouped_rows::<3>(weights, wscales, group),
-                            2 => grouped_rows::<2>(weights, wscales, group),
-                            _ => grouped_rows::<1>(weights, wscales, group),
-                        };
-                        for (i, a) in acc.iter().enumerate().take(rows) {
-                            _mm256_storeu_ps(out.ptr.add((r + i) * out.ld + g * GROUP), *a);
-                        }
-                        r += rows;
-                    }
+            for_each_column_group(w, m, k, cols, out, |weights, wscales, r, rows| {
+                let group = Rows {
+                    values: xv.as_ptr().add(r * k),
+                    scales: x.scales.as_ptr().add(r * blocks),
+                    k,
+                    blocks,
+                };
+                match rows {
+                    4 => grouped_rows::<4>(weights, wscales, group),
+                    3 => grouped_rows::<3>(weights, wscales, group),
+                    2 => grouped_rows::<2>(weights, wscales, group),
+                    _ => grouped_rows::<1>(weights, wscales, group),
                 }
-            }
+            });
         }
 
         #[target_feature(enable = "avx2,fma")]
