@@ -72,7 +72,7 @@ fn split(work: usize, at_least: usize) -> bool {
 /// Values per quantisation block.
 pub const BLOCK: usize = 32;
 
-/// The kernels. For a matrix of either [`Form`], all of them sum the same
+/// The kernels. For a matrix of any [`Form`], all of them sum the same
 /// integer products into the same lanes per block and scale them in the
 /// same order, so they give bit-identical results: embeddings do not depend
 /// on the CPU's features.
@@ -197,8 +197,8 @@ pub struct Int8Matrix {
     kernel: Kernel,
     form: Form,
     /// [`Form::Rows`]: row-major, in the kernel's order (see
-    /// [`VNNI_ORDER`]). [`Form::Narrow`]: offset by [`NARROW_OFFSET`] and
-    /// interleaved (see [`interleave`]).
+    /// [`VNNI_ORDER`]). [`Form::Narrow`] and [`Form::Grouped`]: eight
+    /// columns interleaved (see [`interleave`]).
     values: Vec<i8>,
     /// One per block of a row, in the order of `values`.
     scales: Vec<f32>,
@@ -236,7 +236,7 @@ enum Form {
     Grouped,
 }
 
-/// Output columns interleaved in a [`Form::Narrow`] matrix.
+/// Output columns interleaved in a [`Form::Narrow`] or [`Form::Grouped`] matrix.
 const GROUP: usize = 8;
 
 /// What [`Form::Narrow`] adds to each weight so that it is a byte the
@@ -320,40 +320,18 @@ fn permute_blocks<T: Copy>(values: &mut [T]) {
     }
 }
 
-/// The [`Form::Narrow`] order of row-major weights and their block scales.
-/// For output columns `8g..8g+8`, block `b` is 256 bytes: quad `q` (32
-/// bytes) holds, for each column `c` in turn, its weights `32b + 4q` to
-/// `32b + 4q + 3`, offset by [`NARROW_OFFSET`]. The block's scales follow
-/// the same order, eight columns together.
-fn interleave(values: &[i8], scales: &[f32], rows: usize, cols: usize) -> (Vec<i8>, Vec<f32>) {
-    let blocks = cols / BLOCK;
-    let mut out = vec![0i8; values.len()];
-    let mut out_scales = vec![0f32; scales.len()];
-    for n in 0..rows {
-        let (g, c) = (n / GROUP, n % GROUP);
-        for b in 0..blocks {
-            let group_block = g * blocks + b;
-            out_scales[group_block * GROUP + c] = scales[n * blocks + b];
-            let base = group_block * GROUP * BLOCK;
-            for i in 0..BLOCK {
-                let (q, t) = (i / 4, i % 4);
-                let v = values[n * cols + b * BLOCK + i] as i32 + NARROW_OFFSET;
-                // As a byte: the kernels read it unsigned (0..=16).
-                out[base + q * GROUP * 4 + c * 4 + t] = v as u8 as i8;
-            }
-        }
-    }
-    (out, out_scales)
-}
-
-/// The [`Form::Grouped`] order: for output columns `8g..8g+8`, block `b`
-/// is 256 bytes; step `s` (16 bytes) holds, for each column `c` in turn,
-/// its weights `32b + 2s` and `32b + 2s + 1`. Scales as in [`interleave`].
-fn interleave_pairs(
+/// The order of [`Form::Narrow`] (`width` 4, `offset` [`NARROW_OFFSET`])
+/// and [`Form::Grouped`] (`width` 2, `offset` 0) for row-major weights and
+/// their block scales. For output columns `8g..8g+8`, block `b` is 256
+/// bytes: step `s` holds, for each column `c` in turn, its `width` weights
+/// from `32b + width * s`, plus `offset`. The block's scales follow the same
+/// order, eight columns together.
+fn interleave(
     values: &[i8],
     scales: &[f32],
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
+    width: usize,
+    offset: i32,
 ) -> (Vec<i8>, Vec<f32>) {
     let blocks = cols / BLOCK;
     let mut out = vec![0i8; values.len()];
@@ -365,8 +343,9 @@ fn interleave_pairs(
             out_scales[group_block * GROUP + c] = scales[n * blocks + b];
             let base = group_block * GROUP * BLOCK;
             for i in 0..BLOCK {
-                let (step, t) = (i / 2, i % 2);
-                out[base + step * GROUP * 2 + c * 2 + t] = values[n * cols + b * BLOCK + i];
+                let at = base + (i / width) * GROUP * width + c * width + i % width;
+                // As a byte: the narrow kernels read it unsigned (0..=16).
+                out[at] = (values[n * cols + b * BLOCK + i] as i32 + offset) as u8 as i8;
             }
         }
     }
@@ -487,40 +466,30 @@ impl Int8Matrix {
         );
         assert_eq!(values.len(), rows * cols, "values are not rows x cols");
         assert_eq!(scales.len(), rows * cols / BLOCK, "not one scale per block");
-        let narrow = rows.is_multiple_of(GROUP)
-            && values
-                .iter()
-                .all(|&v| (-NARROW_OFFSET..=NARROW_OFFSET).contains(&(v as i32)));
-        if narrow {
-            let (values, scales) = interleave(&values, &scales, rows, cols);
-            return Int8Matrix {
-                rows,
-                cols,
-                kernel,
-                form: Form::Narrow,
-                values,
-                scales,
-            };
-        }
-        if rows.is_multiple_of(GROUP) {
-            let (values, scales) = interleave_pairs(&values, &scales, rows, cols);
-            return Int8Matrix {
-                rows,
-                cols,
-                kernel,
-                form: Form::Grouped,
-                values,
-                scales,
-            };
-        }
-        if kernel == Kernel::Vnni {
-            permute_blocks(&mut values);
-        }
+        let range = -NARROW_OFFSET..=NARROW_OFFSET;
+        let form = if !rows.is_multiple_of(GROUP) {
+            Form::Rows
+        } else if values.iter().all(|&v| range.contains(&(v as i32))) {
+            Form::Narrow
+        } else {
+            Form::Grouped
+        };
+        let shape = (rows, cols);
+        let (values, scales) = match form {
+            Form::Narrow => interleave(&values, &scales, shape, 4, NARROW_OFFSET),
+            Form::Grouped => interleave(&values, &scales, shape, 2, 0),
+            Form::Rows => {
+                if kernel == Kernel::Vnni {
+                    permute_blocks(&mut values);
+                }
+                (values, scales)
+            }
+        };
         Int8Matrix {
             rows,
             cols,
             kernel,
-            form: Form::Rows,
+            form,
             values,
             scales,
         }
@@ -760,26 +729,28 @@ mod kernel {
         }
     }
 
-    /// The narrow AVX2 kernel's arithmetic in plain Rust: per column and
-    /// block an exact integer sum, scaled with one fused multiply-add.
-    unsafe fn portable_narrow(w: &Int8Matrix, x: &Narrow, cols: Range<usize>, out: OutPtr) {
-        let (k, blocks) = (x.k, x.k / BLOCK);
-        let offset = super::NARROW_OFFSET;
+    /// The arithmetic of the narrow and grouped AVX2 kernels in plain Rust:
+    /// per output column and block an exact integer sum (`block_sum` of the
+    /// activation row, the block, the column group's block of weights and
+    /// the column within it), scaled with one fused multiply-add.
+    unsafe fn portable_in_groups(
+        w: &Int8Matrix,
+        (m, k): (usize, usize),
+        x_scales: &[f32],
+        cols: Range<usize>,
+        out: OutPtr,
+        block_sum: impl Fn(usize, usize, &[i8], usize) -> i32,
+    ) {
+        let blocks = k / BLOCK;
         for n in cols {
             let (g, c) = (n / GROUP, n % GROUP);
-            for r in 0..x.rows() {
+            for r in 0..m {
                 let mut acc = 0f32;
                 for b in 0..blocks {
                     let group_block = g * blocks + b;
                     let wb = &w.values[group_block * GROUP * BLOCK..][..GROUP * BLOCK];
-                    let xb = &x.values[r * k + b * BLOCK..][..BLOCK];
-                    let offset_sum: i32 = (0..BLOCK)
-                        .map(|i| {
-                            (wb[(i / 4) * GROUP * 4 + c * 4 + i % 4] as u8) as i32 * xb[i] as i32
-                        })
-                        .sum();
-                    let sum = offset_sum - offset * x.sums[r * blocks + b];
-                    let scale = w.scales[group_block * GROUP + c] * x.scales[r * blocks + b];
+                    let sum = block_sum(r, b, wb, c);
+                    let scale = w.scales[group_block * GROUP + c] * x_scales[r * blocks + b];
                     acc = (sum as f32).mul_add(scale, acc);
                 }
                 *out.ptr.add(r * out.ld + n) = acc;
@@ -787,7 +758,21 @@ mod kernel {
         }
     }
 
-    /// The grouped AVX2 kernel's arithmetic in plain Rust.
+    /// The narrow AVX2 kernel's arithmetic: offset weights (read unsigned)
+    /// by signed activations, less the offset times the activations' sum.
+    unsafe fn portable_narrow(w: &Int8Matrix, x: &Narrow, cols: Range<usize>, out: OutPtr) {
+        let (k, blocks) = (x.k, x.k / BLOCK);
+        let shape = (x.rows(), k);
+        portable_in_groups(w, shape, x.scales, cols, out, |r, b, wb, c| {
+            let xb = &x.values[r * k + b * BLOCK..][..BLOCK];
+            let offset_sum: i32 = (0..BLOCK)
+                .map(|i| (wb[(i / 4) * GROUP * 4 + c * 4 + i % 4] as u8) as i32 * xb[i] as i32)
+                .sum();
+            offset_sum - super::NARROW_OFFSET * x.sums[r * blocks + b]
+        });
+    }
+
+    /// The grouped AVX2 kernel's arithmetic.
     unsafe fn portable_grouped(
         w: &Int8Matrix,
         xv: &[i16],
@@ -795,24 +780,13 @@ mod kernel {
         cols: Range<usize>,
         out: OutPtr,
     ) {
-        let (k, blocks) = (x.k, x.k / BLOCK);
-        for n in cols {
-            let (g, c) = (n / GROUP, n % GROUP);
-            for r in 0..x.rows() {
-                let mut acc = 0f32;
-                for b in 0..blocks {
-                    let group_block = g * blocks + b;
-                    let wb = &w.values[group_block * GROUP * BLOCK..][..GROUP * BLOCK];
-                    let xb = &xv[r * k + b * BLOCK..][..BLOCK];
-                    let sum: i32 = (0..BLOCK)
-                        .map(|i| wb[(i / 2) * GROUP * 2 + c * 2 + i % 2] as i32 * xb[i] as i32)
-                        .sum();
-                    let scale = w.scales[group_block * GROUP + c] * x.scales[r * blocks + b];
-                    acc = (sum as f32).mul_add(scale, acc);
-                }
-                *out.ptr.add(r * out.ld + n) = acc;
-            }
-        }
+        let k = x.k;
+        portable_in_groups(w, (x.rows(), k), x.scales, cols, out, |r, b, wb, c| {
+            let xb = &xv[r * k + b * BLOCK..][..BLOCK];
+            (0..BLOCK)
+                .map(|i| wb[(i / 2) * GROUP * 2 + c * 2 + i % 2] as i32 * xb[i] as i32)
+                .sum()
+        });
     }
 
     /// The horizontal sum in the order the SIMD kernels do it.
