@@ -145,13 +145,15 @@ pub fn limit_kernel(limit: KernelLimit) -> Result<(), AlreadyChosen> {
     }
 }
 
-/// The kernel in use, by name (`portable`, `avx2`, `vnni`), for logs and
-/// benchmark reports.
+/// The kernels in use, by name, for logs and benchmark reports:
+/// `portable`, `avx2`, or on a VNNI machine `avx2 (vnni: row form only)`,
+/// because only [`Form::Rows`] has a VNNI kernel and both encoders'
+/// matrices take the grouped forms, which run the AVX2 kernels there.
 pub fn kernel_name() -> &'static str {
     match Kernel::detect() {
         Kernel::Portable => "portable",
         Kernel::Avx2 => "avx2",
-        Kernel::Vnni => "vnni",
+        Kernel::Vnni => "avx2 (vnni: row form only)",
     }
 }
 
