@@ -9,7 +9,8 @@
 //! (little-endian u32: the input line of each row), as the `embed` example
 //! does. The model is read from `$MODERATO_MODELS_DIR/e5` or
 //! `<repository>/models/e5`. `E5_LAYERS=n` keeps only the first `n`
-//! layers (see `E5::load_layers`).
+//! layers (see `E5::load_layers`); `E5_WINDOW=n` reads scoring windows of
+//! `n` framed tokens (see `E5::with_window`).
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 
@@ -30,6 +31,10 @@ fn main() -> anyhow::Result<()> {
     let model = match std::env::var("E5_LAYERS") {
         Ok(n) => E5::load_layers(&dir, n.parse().context("E5_LAYERS is a positive number")?)?,
         Err(_) => E5::load(&dir)?,
+    };
+    let model = match std::env::var("E5_WINDOW") {
+        Ok(n) => model.with_window(n.parse().context("E5_WINDOW is a positive number")?)?,
+        Err(_) => model,
     };
     let reader =
         BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);

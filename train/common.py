@@ -109,6 +109,9 @@ def lexical_bin() -> Path:
 # MODERATO_E5_LAYERS=n: heads trained now read the output of e5's first n
 # layers (the block's "layers"), not its last.
 E5_LAYERS = int(os.environ["MODERATO_E5_LAYERS"]) if os.environ.get("MODERATO_E5_LAYERS") else None
+# MODERATO_E5_WINDOW=n: heads trained now read e5's scoring windows of n
+# framed tokens (the block's "window"), not the service's default 128.
+E5_WINDOW = int(os.environ["MODERATO_E5_WINDOW"]) if os.environ.get("MODERATO_E5_WINDOW") else None
 
 
 def store_tag() -> str:
@@ -121,20 +124,21 @@ def store_tag() -> str:
     return EMBEDDING_ARITHMETIC + (f"-{extra}" if extra else "")
 
 
-def e5_store(layers):
-    name = "windows" + (f"-L{layers}" if layers else "") + f"-{store_tag()}"
+def e5_store(layers, window=None):
+    name = "windows" + (f"-L{layers}" if layers else "") + (f"-W{window}" if window else "") + f"-{store_tag()}"
     return WORK / "e5" / f"{name}.pkl"
 
 
-def e5_embeddings(texts, label: str = "", layers=None):
+def e5_embeddings(texts, label: str = "", layers=None, window=None):
     """multilingual-e5 embeddings of the raw texts as the service computes
     them (the Rust example `embed_e5`): one normalised row per scoring
     window (a text of up to 128 tokens is one), and the text index of each
     row, as embed_texts returns MiniLM's chunks. Stored per text in
     train/out/e5/windows.pkl, so only texts never seen are embedded (about
     19 ms a short text on two cores). `layers`: only the first so many of
-    e5's layers (all when None), stored apart."""
-    path = e5_store(layers)
+    e5's layers (all when None), `window`: framed tokens per scoring window
+    (the service's default when None); each stored apart."""
+    path = e5_store(layers, window)
     store = pickle.loads(path.read_bytes()) if path.exists() else {}
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     if missing:
@@ -144,9 +148,11 @@ def e5_embeddings(texts, label: str = "", layers=None):
             with open(jsonl, "w") as f:
                 for t in missing:
                     f.write(json.dumps({"text": t}) + "\n")
-            env = {k: v for k, v in os.environ.items() if k != "E5_LAYERS"}
+            env = {k: v for k, v in os.environ.items() if k not in ("E5_LAYERS", "E5_WINDOW")}
             if layers:
                 env["E5_LAYERS"] = str(layers)
+            if window:
+                env["E5_WINDOW"] = str(window)
             subprocess.run([str(examples_dir() / "embed_e5"), str(jsonl), str(out)], check=True, cwd=ROOT, env=env)
             rows = np.fromfile(f"{out}.f32", dtype="<f4").reshape(-1, E5_DIM)
             line = np.fromfile(f"{out}.idx", dtype="<u4")
@@ -365,7 +371,7 @@ def e5_if_needed(heads: dict, texts, label: str = ""):
     """The texts' e5 window embeddings (rows, text index) when `heads` read
     them, else None."""
     block = heads.get("e5")
-    return e5_embeddings(texts, label, block.get("layers")) if block else None
+    return e5_embeddings(texts, label, block.get("layers"), block.get("window")) if block else None
 
 
 def e5_logits(block: dict, e5):

@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -632,7 +632,7 @@ def fit_e5_block(rows, split, pool):
     regressions for calibration rows. Fitted on each text's mean window
     embedding; scored as served (E5_POOL). Standardisation
     is folded into w, b."""
-    vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows", E5_LAYERS)
+    vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows", E5_LAYERS, E5_WINDOW)
     E = e5_text_means(vecs, idx, len(rows))
     train = split == "train"
     mu, sd = E[train].mean(0), E[train].std(0) + 1e-6
@@ -677,6 +677,8 @@ def fit_e5_block(rows, split, pool):
     block = {"gate": E5_GATE, "weight": E5_WEIGHT, "pool": E5_POOL, "keep": kept(heads), "heads": heads}
     if E5_LAYERS:
         block["layers"] = E5_LAYERS
+    if E5_WINDOW:
+        block["window"] = E5_WINDOW
     return block, Z
 
 

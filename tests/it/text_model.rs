@@ -643,6 +643,38 @@ fn the_second_stage_runs_as_many_e5_layers_as_its_heads_read() {
     assert_ne!(six, twelve);
 }
 
+#[test]
+fn the_second_stage_reads_windows_of_the_size_its_heads_were_fitted_on() {
+    let with_window = |window: usize| {
+        let mut heads: serde_json::Value =
+            serde_json::from_str(&heads_with_second_stage(0.1)).unwrap();
+        heads["e5"]["window"] = serde_json::json!(window);
+        EmbeddingClassifier::load_with_heads(&models_dir(), &heads.to_string())
+    };
+    let err = with_window(600).err().expect("e5 reads at most 512 tokens");
+    assert!(err.to_string().contains("windows of 600 tokens"), "{err}");
+    // A text of about 300 pieces: several default windows, one of 512.
+    let long = "kill yourself you worthless loser. ".to_string()
+        + &"The committee met on Tuesday to review the library budget. ".repeat(20);
+    let short = "kill yourself you worthless loser";
+    let texts = [short, long.as_str()];
+    let default =
+        EmbeddingClassifier::load_with_heads(&models_dir(), &heads_with_second_stage(0.1))
+            .unwrap()
+            .score_batch(&texts)
+            .unwrap();
+    let wide = with_window(512).unwrap().score_batch(&texts).unwrap();
+    assert_eq!(
+        wide[0], default[0],
+        "a short text is one window at any size"
+    );
+    assert_ne!(wide[1], default[1], "a long one is read otherwise");
+    assert_eq!(
+        with_window(128).unwrap().score_batch(&texts).unwrap(),
+        default
+    );
+}
+
 /// The probes of `train/probe.py`: a text and the category it must flag
 /// (`None`: nothing).
 const PROBES: &[(&str, Option<Category>)] = &[

@@ -105,6 +105,10 @@ struct E5Spec {
     /// them, mean-pooled); absent: all of them.
     #[serde(default)]
     layers: Option<NonZeroUsize>,
+    /// Framed tokens per scoring window the heads were fitted on; absent:
+    /// e5's default (`e5::WINDOW_TOKENS`).
+    #[serde(default)]
+    window: Option<NonZeroUsize>,
     heads: HashMap<String, LinearSpec>,
 }
 
@@ -235,6 +239,7 @@ pub struct E5Block {
     weight: f32,
     pool: WindowPool,
     layers: Option<NonZeroUsize>,
+    window: Option<NonZeroUsize>,
     /// Indexed by category; `None` where the second encoder has no head.
     heads: Vec<Option<E5Head>>,
 }
@@ -264,6 +269,11 @@ impl E5Block {
     /// on the output of the last of them.
     pub fn layers(&self) -> Option<NonZeroUsize> {
         self.layers
+    }
+
+    /// Framed tokens per scoring window (`None`: e5's default).
+    pub fn window(&self) -> Option<NonZeroUsize> {
+        self.window
     }
 
     /// Whether a text with these first-stage scores is read again.
@@ -510,6 +520,7 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         weight: spec.weight,
         pool: spec.pool,
         layers: spec.layers,
+        window: spec.window,
         heads,
     })
 }

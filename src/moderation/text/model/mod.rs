@@ -175,10 +175,19 @@ impl EmbeddingClassifier {
             }
         };
         let encoder = MiniLm::load(&models_dir.join(MINILM_DIR), adapter.as_ref())?;
-        let e5 = match heads.e5.as_ref().map(|block| block.layers()) {
-            Some(None) => Some(E5::load(&models_dir.join(E5_DIR))?),
-            Some(Some(layers)) => Some(E5::load_layers(&models_dir.join(E5_DIR), layers)?),
+        let e5 = match heads.e5.as_ref() {
             None => None,
+            Some(block) => {
+                let dir = models_dir.join(E5_DIR);
+                let model = match block.layers() {
+                    None => E5::load(&dir)?,
+                    Some(layers) => E5::load_layers(&dir, layers)?,
+                };
+                Some(match block.window() {
+                    None => model,
+                    Some(tokens) => model.with_window(tokens)?,
+                })
+            }
         };
         Ok(EmbeddingClassifier {
             encoder,

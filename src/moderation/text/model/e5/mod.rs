@@ -54,6 +54,9 @@ pub const WINDOW_TOKENS: usize = 128;
 /// first stage spends on a text at the request limit) whatever a client
 /// sends.
 pub const MAX_WINDOWS: usize = 8;
+/// Framed tokens read per view of a text at most, whatever the window
+/// size: [`MAX_WINDOWS`] windows of [`WINDOW_TOKENS`].
+const TOKEN_BUDGET: usize = MAX_WINDOWS * WINDOW_TOKENS;
 
 pub struct E5 {
     model: Bert,
@@ -65,6 +68,8 @@ pub struct E5 {
     workspaces: Mutex<Vec<Workspace>>,
     /// Scoring-window embeddings kept across calls (see [`E5::set_cache`]).
     cache: Option<EmbeddingCache>,
+    /// Framed tokens per scoring window (see [`E5::with_window`]).
+    window: usize,
 }
 
 impl E5 {
@@ -155,7 +160,32 @@ impl E5 {
             eos: v.eos,
             workspaces: Mutex::new(Vec::new()),
             cache: None,
+            window: WINDOW_TOKENS,
         })
+    }
+
+    /// Reads scoring windows of `tokens` framed tokens instead of
+    /// [`WINDOW_TOKENS`], as the heads were fitted; at most as many of them
+    /// as keep a view within [`MAX_WINDOWS`] windows of the default size,
+    /// so the cost per text stays bounded. A size the model cannot read
+    /// (more than its positions, or too few for the prefix and a piece) is
+    /// an error.
+    pub fn with_window(mut self, tokens: NonZeroUsize) -> Result<E5, TextModelError> {
+        let n = tokens.get();
+        let least = self.prefix.len() + 3;
+        if n < least || n > self.model.max_len() {
+            return Err(TextModelError::Invalid(format!(
+                "e5: the heads read windows of {n} tokens; the model reads {least} to {}",
+                self.model.max_len()
+            )));
+        }
+        self.window = n;
+        Ok(self)
+    }
+
+    /// Scoring windows read per view at most.
+    fn max_windows(&self) -> usize {
+        (TOKEN_BUDGET / self.window).max(1)
     }
 
     /// Keeps up to `entries` scoring-window embeddings across calls (none
@@ -192,7 +222,8 @@ impl E5 {
             .collect()
     }
 
-    /// The scoring windows of `text`: a text of up to [`WINDOW_TOKENS`]
+    /// The scoring windows of `text`: a text of up to the window size
+    /// ([`WINDOW_TOKENS`] unless [`E5::with_window`] says otherwise)
     /// framed tokens is one window, exactly the package's; a longer one
     /// is read in overlapping windows of that size, each after the first
     /// starting with the prefix's pieces again, at most [`MAX_WINDOWS`] of
@@ -201,7 +232,7 @@ impl E5 {
     /// harmless ones, as MiniLM's chunks avoid for the first stage.
     pub fn windows(&self, text: &str) -> Vec<Vec<u32>> {
         let tokens = self.tokens(text);
-        if tokens.len() + 2 <= WINDOW_TOKENS {
+        if tokens.len() + 2 <= self.window {
             return vec![self.frame(&[], &tokens)];
         }
         let prefix = if tokens.starts_with(&self.prefix) {
@@ -210,13 +241,13 @@ impl E5 {
             &[]
         };
         let content = &tokens[prefix.len()..];
-        let size = WINDOW_TOKENS - 2 - prefix.len();
+        let size = self.window - 2 - prefix.len();
         let stride = size * 3 / 4;
         let mut starts = vec![0];
         while starts[starts.len() - 1] + size < content.len() {
             starts.push(starts[starts.len() - 1] + stride);
         }
-        evenly_spread(&starts, MAX_WINDOWS)
+        evenly_spread(&starts, self.max_windows())
             .map(|start| self.frame(prefix, &content[start..(start + size).min(content.len())]))
             .collect()
     }
@@ -439,6 +470,44 @@ mod tests {
         assert_eq!(sampled[0], model.windows(&long)[0]);
         let last = &sampled[MAX_WINDOWS - 1];
         assert_eq!(last[last.len() - 2], *model.tokens(&huge).last().unwrap());
+    }
+
+    #[test]
+    fn wider_windows_read_a_text_whole_and_keep_the_token_budget() {
+        let n = |k: usize| NonZeroUsize::new(k).unwrap();
+        let wide = E5::load(&models_dir())
+            .unwrap()
+            .with_window(n(512))
+            .unwrap();
+        let narrow = E5::load(&models_dir()).unwrap();
+        // About 300 pieces: several default windows, one wide one, which
+        // is the package's own window.
+        let middle = "The committee met on Tuesday to review the library budget. ".repeat(22);
+        assert!(narrow.windows(&middle).len() >= 3);
+        assert_eq!(wide.windows(&middle), wide.whole_windows(&middle));
+        // A short text reads the same at any window size.
+        let short = "kill yourself you worthless loser";
+        assert_eq!(wide.windows(short), narrow.windows(short));
+        // A text at the request limit: no more tokens than the default reads.
+        let huge = "The committee met on Tuesday to review the library budget. ".repeat(500);
+        let tokens = |ws: Vec<Vec<u32>>| ws.iter().map(Vec::len).sum::<usize>();
+        let sampled = wide.windows(&huge);
+        assert_eq!(sampled.len(), TOKEN_BUDGET / 512);
+        assert!(sampled.iter().all(|w| w.len() <= 512));
+        assert!(tokens(sampled) <= tokens(narrow.windows(&huge)));
+        // Sizes the model cannot read are refused, naming the size.
+        for bad in [513, 4] {
+            let err = E5::load(&models_dir())
+                .unwrap()
+                .with_window(n(bad))
+                .err()
+                .unwrap();
+            assert!(
+                err.to_string()
+                    .contains(&format!("windows of {bad} tokens")),
+                "{err}"
+            );
+        }
     }
 
     #[test]
