@@ -621,14 +621,17 @@ fn heads_with_a_second_stage_need_its_file() {
     EmbeddingClassifier::load(dir.path()).expect("the shipped heads load without e5");
 }
 
+/// The wired second stage of [`heads_with_second_stage`] with one more
+/// setting of its e5 block.
+fn second_stage_with(setting: &str, value: usize) -> Result<EmbeddingClassifier, TextModelError> {
+    let mut heads: serde_json::Value = serde_json::from_str(&heads_with_second_stage(0.1)).unwrap();
+    heads["e5"][setting] = serde_json::json!(value);
+    EmbeddingClassifier::load_with_heads(&models_dir(), &heads.to_string())
+}
+
 #[test]
 fn the_second_stage_runs_as_many_e5_layers_as_its_heads_read() {
-    let with_layers = |layers: usize| {
-        let mut heads: serde_json::Value =
-            serde_json::from_str(&heads_with_second_stage(0.1)).unwrap();
-        heads["e5"]["layers"] = serde_json::json!(layers);
-        EmbeddingClassifier::load_with_heads(&models_dir(), &heads.to_string())
-    };
+    let with_layers = |layers: usize| second_stage_with("layers", layers);
     let err = with_layers(13).err().expect("e5-small has 12 layers");
     assert!(err.to_string().contains("layer 13"), "{err}");
     // Heads that read an earlier layer get another reading of the same text.
@@ -645,12 +648,7 @@ fn the_second_stage_runs_as_many_e5_layers_as_its_heads_read() {
 
 #[test]
 fn the_second_stage_reads_windows_of_the_size_its_heads_were_fitted_on() {
-    let with_window = |window: usize| {
-        let mut heads: serde_json::Value =
-            serde_json::from_str(&heads_with_second_stage(0.1)).unwrap();
-        heads["e5"]["window"] = serde_json::json!(window);
-        EmbeddingClassifier::load_with_heads(&models_dir(), &heads.to_string())
-    };
+    let with_window = |window: usize| second_stage_with("window", window);
     let err = with_window(600).err().expect("e5 reads at most 512 tokens");
     assert!(err.to_string().contains("windows of 600 tokens"), "{err}");
     // A text of about 300 pieces: several default windows, one of 512.
