@@ -385,7 +385,7 @@ def e5_logits(block: dict, e5):
     Z = np.full((n, len(CATEGORIES)), np.nan, dtype=np.float64)
     counts = np.maximum(np.bincount(idx, minlength=n), 1)
     for c, spec in block["heads"].items():
-        zw = vecs.astype(np.float64) @ np.asarray(spec["w"], dtype=np.float64) + spec["b"]
+        zw = e5_window_logits(spec, vecs)
         if block.get("pool", "max") == "mean":
             z = np.zeros(n)
             np.add.at(z, idx, zw)
@@ -395,6 +395,18 @@ def e5_logits(block: dict, e5):
             np.maximum.at(z, idx, zw)
         Z[:, CATEGORIES.index(c)] = z
     return Z
+
+
+def e5_window_logits(spec: dict, vecs) -> np.ndarray:
+    """One e5 head's logit per window (Rust E5Head::logit): linear, plus
+    its hidden layer's ReLU units when it has one."""
+    vecs = np.asarray(vecs, dtype=np.float64)
+    z = vecs @ np.asarray(spec["w"], dtype=np.float64) + spec["b"]
+    if "hidden" in spec:
+        h = spec["hidden"]
+        a = vecs @ np.asarray(h["w"], dtype=np.float64).T + np.asarray(h["b"], dtype=np.float64)
+        z = z + np.maximum(a, 0.0) @ np.asarray(h["out"], dtype=np.float64)
+    return z
 
 
 LOGIT_CLIP = 1e-6

@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, e5_window_logits, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -116,6 +116,14 @@ E5_KEPT = ["harassment/threatening", "hate/threatening", "self-harm/intent", "se
 # you at the meeting tomorrow." (0.56 against an out-of-fold threshold of
 # 0.50; validation any-category 0.829 with them, 0.827 without).
 E5_CATEGORIES = [c for c in eval_sets.OPENAI_MAP.values() if c != "sexual/minors"]
+# e5 heads with a hidden layer (E5_HIDDEN_UNITS ReLU units on e5's
+# embedding, as fit_hidden's) instead of a linear one; MODERATO_E5_HIDDEN
+# (comma-separated, may be empty) overrides the list.
+E5_HIDDEN = set(filter(None, os.environ.get("MODERATO_E5_HIDDEN", "").split(",")))
+assert E5_HIDDEN <= set(E5_CATEGORIES), f"MODERATO_E5_HIDDEN names no e5 head: {sorted(E5_HIDDEN - set(E5_CATEGORIES))}"
+E5_HIDDEN_UNITS = 128
+E5_HIDDEN_ALPHA = 1.0  # L2 on the weights: at 0.1 the e5-only proxy was no better
+E5_HIDDEN_EPOCHS = 30
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
 REVISION = 19  # the same day's heads differ by this suffix: raise it when they change
@@ -644,10 +652,10 @@ def fit_e5_block(rows, split, pool):
     window_pool = in_pool[idx]  # each window's row in the pool, -1 outside it
     on_pool = window_pool >= 0
 
-    def strongest(w, b, windows):
+    def strongest(spec, windows):
         """Per pool row, its windows' logit pooled as served (E5_POOL;
         windows: a mask)."""
-        zw = vecs[windows].astype(np.float64) @ w + b
+        zw = e5_window_logits(spec, vecs[windows])
         if E5_POOL == "mean":
             z = np.zeros(len(pool))
             np.add.at(z, window_pool[windows], zw)
@@ -662,24 +670,41 @@ def fit_e5_block(rows, split, pool):
             continue
         y = head_labels(rows, c)
         fit = train & ~np.isnan(y)
-        lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs[fit], y[fit].astype(int))
-        w = lr.coef_[0] / sd
-        heads[c] = {"w": w.tolist(), "b": float(lr.intercept_[0] - w @ mu)}
-        Z[:, i] = strongest(w, heads[c]["b"], on_pool)
+        heads[c] = e5_head(Zs[fit], y[fit].astype(int), mu, sd, c in E5_HIDDEN)
+        Z[:, i] = strongest(heads[c], on_pool)
         for k in range(K_FOLDS):
             part = fit & (folds != k)
-            m = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs[part], y[part].astype(int))
-            wk = m.coef_[0] / sd
             held = pool_train & (folds[pool] == k)
-            zk = strongest(wk, m.intercept_[0] - wk @ mu, on_pool & held[np.maximum(window_pool, 0)])
+            zk = strongest(e5_head(Zs[part], y[part].astype(int), mu, sd, c in E5_HIDDEN),
+                           on_pool & held[np.maximum(window_pool, 0)])
             Z[held, i] = zk[held]
-        print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}", file=sys.stderr)
+        print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}" + (" (hidden layer)" if c in E5_HIDDEN else ""),
+              file=sys.stderr)
     block = {"gate": E5_GATE, "weight": E5_WEIGHT, "pool": E5_POOL, "keep": kept(heads), "heads": heads}
     if E5_LAYERS:
         block["layers"] = E5_LAYERS
     if E5_WINDOW:
         block["window"] = E5_WINDOW
     return block, Z
+
+
+def e5_head(Zs, y, mu, sd, hidden):
+    """An e5 head fitted on standardised text-mean embeddings `Zs`, with the
+    standardisation (mu, sd) folded in so that it reads e5's windows as
+    served: logistic, or with a hidden layer (its linear part zero)."""
+    if not hidden:
+        lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs, y)
+        w = lr.coef_[0] / sd
+        return {"w": w.tolist(), "b": float(lr.intercept_[0] - w @ mu)}
+    net = MLPClassifier(hidden_layer_sizes=(E5_HIDDEN_UNITS,), alpha=E5_HIDDEN_ALPHA, batch_size=256,
+                        learning_rate_init=1e-3, max_iter=E5_HIDDEN_EPOCHS, random_state=SEED)
+    with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        net.fit(Zs, y)
+    W1 = net.coefs_[0] / sd[:, None]  # (E5_DIM, units), on e5's raw embedding
+    b1 = net.intercepts_[0] - (mu / sd) @ net.coefs_[0]
+    return {"w": [0.0] * len(mu), "b": float(net.intercepts_[1][0]),
+            "hidden": {"w": W1.T.tolist(), "b": b1.tolist(), "out": net.coefs_[1][:, 0].tolist()}}
 
 
 def kept(e5_heads):
@@ -786,6 +811,10 @@ def choose_thresholds(out, report, keep, P, Z, labels, harmless, hard_negative, 
         for spec in out["e5"]["heads"].values():
             spec["w"] = [round(x, 7) for x in spec["w"]]
             spec["b"] = round(spec["b"], 6)
+            if "hidden" in spec:
+                hid = spec["hidden"]
+                spec["hidden"] = {"w": [[round(x, 6) for x in row] for row in hid["w"]],
+                                  "b": [round(x, 6) for x in hid["b"]], "out": [round(x, 6) for x in hid["out"]]}
     for h in heads:
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
         heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]

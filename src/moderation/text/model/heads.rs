@@ -109,7 +109,7 @@ struct E5Spec {
     /// e5's default (`e5::WINDOW_TOKENS`).
     #[serde(default)]
     window: Option<NonZeroUsize>,
-    heads: HashMap<String, LinearSpec>,
+    heads: HashMap<String, E5HeadSpec>,
 }
 
 /// How the windows of one view of a text speak for it in the second stage.
@@ -124,9 +124,13 @@ pub enum WindowPool {
 }
 
 #[derive(Deserialize)]
-struct LinearSpec {
+struct E5HeadSpec {
     w: Vec<f32>,
     b: f32,
+    /// A hidden layer on e5's embedding added to the logit; absent in
+    /// linear heads.
+    #[serde(default)]
+    hidden: Option<HiddenSpec>,
 }
 
 #[derive(Deserialize)]
@@ -150,8 +154,9 @@ struct HeadSpec {
 
 #[derive(Deserialize)]
 struct HiddenSpec {
-    /// One row per unit: [`EMBEDDING_DIM`] embedding weights, then
-    /// [`LEXICAL_FEATURES`] lexical ones (input scaling folded in).
+    /// One row per unit: in a first-stage head [`EMBEDDING_DIM`] embedding
+    /// weights, then [`LEXICAL_FEATURES`] lexical ones; in an e5 head
+    /// [`E5_DIM`] (input scaling folded in).
     w: Vec<Vec<f32>>,
     b: Vec<f32>,
     /// The weight of each unit's output in the head's logit (calibration
@@ -185,18 +190,20 @@ impl Head {
     fn probability(&self, embedding: &[f32], lexical: &LexicalFeatures) -> f32 {
         let mut z = dot(&self.w, embedding) + dot(&self.lex, &lexical.0) + self.b;
         if let Some(hidden) = &self.hidden {
-            z += hidden.logit(embedding, lexical);
+            z += hidden.logit(&[embedding, &lexical.0]);
         }
         sigmoid(z)
     }
 }
 
-/// ReLU units on the embedding and the lexical features; their weighted sum
+/// ReLU units on a head's inputs (a first-stage head's: the embedding, then
+/// the lexical features; an e5 head's: e5's embedding); their weighted sum
 /// is added to the head's logit. Rows are validated to the input width at
-/// load, so `logit` cannot read out of bounds.
+/// load.
 struct HiddenLayer {
-    /// `units x (EMBEDDING_DIM + LEXICAL_FEATURES)`, row-major.
+    /// `units x inputs`, row-major.
     w: Vec<f32>,
+    inputs: usize,
     b: Vec<f32>,
     out: Vec<f32>,
 }
@@ -204,13 +211,20 @@ struct HiddenLayer {
 const HIDDEN_INPUTS: usize = EMBEDDING_DIM + LEXICAL_FEATURES;
 
 impl HiddenLayer {
-    fn logit(&self, embedding: &[f32], lexical: &LexicalFeatures) -> f32 {
+    /// `parts`: the inputs in the order of a row's weights, together as
+    /// wide as a row (a shorter part reads fewer weights, never past them).
+    fn logit(&self, parts: &[&[f32]]) -> f32 {
         self.w
-            .chunks_exact(HIDDEN_INPUTS)
+            .chunks_exact(self.inputs)
             .zip(self.b.iter().zip(&self.out))
             .map(|(row, (b, out))| {
-                let (on_embedding, on_lexical) = row.split_at(EMBEDDING_DIM);
-                let a = dot(on_embedding, embedding) + dot(on_lexical, &lexical.0) + b;
+                let mut a = *b;
+                let mut rest = row;
+                for part in parts {
+                    let (on_part, after) = rest.split_at(part.len().min(rest.len()));
+                    a += dot(on_part, part);
+                    rest = after;
+                }
                 a.max(0.0) * out
             })
             .sum()
@@ -247,6 +261,7 @@ pub struct E5Block {
 struct E5Head {
     w: Vec<f32>,
     b: f32,
+    hidden: Option<HiddenLayer>,
     /// The first-stage score from which the mix may raise but not lower;
     /// `None`: it may always lower.
     keep: Option<f32>,
@@ -288,16 +303,16 @@ impl E5Block {
             return;
         }
         for c in Category::ALL {
-            if let Some(E5Head { w, b, keep }) = &self.heads[c.index()] {
+            if let Some(head) = &self.heads[c.index()] {
                 let reading = views
                     .iter()
                     .filter(|windows| !windows.is_empty())
-                    .map(|windows| self.pooled(windows.iter().map(|e| dot(w, e) + b)))
+                    .map(|windows| self.pooled(windows.iter().map(|e| head.logit(e))))
                     .fold(f32::NEG_INFINITY, f32::max);
                 let first = scores.get(c);
                 let z = (1.0 - self.weight) * logit(first) + self.weight * reading;
                 let mixed = sigmoid(z);
-                let kept = keep.is_some_and(|k| first >= k);
+                let kept = head.keep.is_some_and(|k| first >= k);
                 scores.set(c, if kept { mixed.max(first) } else { mixed });
             }
         }
@@ -311,6 +326,17 @@ impl E5Block {
                 let (sum, n) = logits.fold((0.0, 0usize), |(s, n), z| (s + z, n + 1));
                 sum / n.max(1) as f32
             }
+        }
+    }
+}
+
+impl E5Head {
+    /// Its logit for one window's e5 embedding.
+    fn logit(&self, embedding: &[f32]) -> f32 {
+        let linear = dot(&self.w, embedding) + self.b;
+        match &self.hidden {
+            Some(hidden) => linear + hidden.logit(&[embedding]),
+            None => linear,
         }
     }
 }
@@ -472,7 +498,10 @@ fn take_head(specs: &mut HashMap<String, HeadSpec>, name: &str) -> Result<Head, 
     if !spec.b.is_finite() || spec.w.iter().chain(&lex).any(|w| !w.is_finite()) {
         return Err(invalid(format!("head {name} has a non-finite weight")));
     }
-    let hidden = spec.hidden.map(|h| hidden_layer(name, h)).transpose()?;
+    let hidden = spec
+        .hidden
+        .map(|h| hidden_layer(name, h, HiddenInputs::FirstStage))
+        .transpose()?;
     Ok(Head {
         w: spec.w,
         lex,
@@ -504,9 +533,14 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         if !head.b.is_finite() || head.w.iter().any(|w| !w.is_finite()) {
             return Err(invalid(format!("e5 head {name} has a non-finite weight")));
         }
+        let hidden = head
+            .hidden
+            .map(|h| hidden_layer(&format!("e5 {name}"), h, HiddenInputs::E5))
+            .transpose()?;
         heads[c.index()] = Some(E5Head {
             w: head.w,
             b: head.b,
+            hidden,
             keep: keep.remove(&name),
         });
     }
@@ -525,7 +559,38 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
     })
 }
 
-fn hidden_layer(name: &str, spec: HiddenSpec) -> Result<HiddenLayer, TextModelError> {
+/// What a hidden layer reads, which sets its rows' width.
+#[derive(Clone, Copy)]
+enum HiddenInputs {
+    /// MiniLM's embedding, then the lexical features.
+    FirstStage,
+    /// e5's embedding.
+    E5,
+}
+
+impl HiddenInputs {
+    fn width(self) -> usize {
+        match self {
+            HiddenInputs::FirstStage => HIDDEN_INPUTS,
+            HiddenInputs::E5 => E5_DIM,
+        }
+    }
+
+    fn described(self) -> String {
+        match self {
+            HiddenInputs::FirstStage => {
+                format!("{EMBEDDING_DIM} embedding, then {LEXICAL_FEATURES} lexical")
+            }
+            HiddenInputs::E5 => format!("{E5_DIM} of e5's embedding"),
+        }
+    }
+}
+
+fn hidden_layer(
+    name: &str,
+    spec: HiddenSpec,
+    inputs: HiddenInputs,
+) -> Result<HiddenLayer, TextModelError> {
     let units = spec.w.len();
     if units == 0 || spec.b.len() != units || spec.out.len() != units {
         return Err(invalid(format!(
@@ -535,11 +600,12 @@ fn hidden_layer(name: &str, spec: HiddenSpec) -> Result<HiddenLayer, TextModelEr
             spec.out.len()
         )));
     }
-    if let Some(row) = spec.w.iter().find(|row| row.len() != HIDDEN_INPUTS) {
+    let width = inputs.width();
+    if let Some(row) = spec.w.iter().find(|row| row.len() != width) {
         return Err(invalid(format!(
-            "head {name}: a hidden row has {} weights, expected {HIDDEN_INPUTS} \
-             ({EMBEDDING_DIM} embedding, then {LEXICAL_FEATURES} lexical)",
-            row.len()
+            "head {name}: a hidden row has {} weights, expected {width} ({})",
+            row.len(),
+            inputs.described()
         )));
     }
     let w: Vec<f32> = spec.w.into_iter().flatten().collect();
@@ -554,6 +620,7 @@ fn hidden_layer(name: &str, spec: HiddenSpec) -> Result<HiddenLayer, TextModelEr
     }
     Ok(HiddenLayer {
         w,
+        inputs: width,
         b: spec.b,
         out: spec.out,
     })
@@ -743,6 +810,61 @@ mod tests {
             after.get(Category::SexualMinors),
             before.get(Category::SexualMinors)
         );
+    }
+
+    #[test]
+    fn an_e5_head_with_a_hidden_layer_adds_its_units_to_each_windows_logit() {
+        // Two units: one reads e5's dimension 0 (out 2), one reads minus
+        // dimension 1 (out 3), so the head's logit is 2 relu(e0) + 3 relu(-e1) - 1.
+        let mut up = vec![0.0f32; E5_DIM];
+        up[0] = 1.0;
+        let mut down = vec![0.0f32; E5_DIM];
+        down[1] = -1.0;
+        let mut v: serde_json::Value = serde_json::from_str(&heads_json(1.0, -5.0)).unwrap();
+        v["e5"] = serde_json::json!({
+            "gate": 0.1, "weight": 0.5, "pool": "mean", "keep": {},
+            "heads": {"violence": {"w": vec![0.0f32; E5_DIM], "b": -1.0,
+                "hidden": {"w": [up, down], "b": [0.0, 0.0], "out": [2.0, 3.0]}}},
+        });
+        let heads = Heads::parse(&v.to_string()).unwrap();
+        let before = first_stage(&heads);
+        let first = logit(before.get(Category::Violence));
+        let window = |e0: f32, e1: f32| {
+            let mut e = vec![0.0f32; E5_DIM];
+            e[0] = e0;
+            e[1] = e1;
+            e
+        };
+        let mixed = |z: f32| sigmoid(0.5 * first + 0.5 * z);
+        // Both units on: 2 * 1 + 3 * 1 - 1 = 4.
+        let on = heads.with_e5(before, &[vec![window(1.0, -1.0)]]);
+        assert!(
+            (on.get(Category::Violence) - mixed(4.0)).abs() < 1e-5,
+            "{on:?}"
+        );
+        // ReLU: negative activations add nothing, leaving the bias.
+        let off = heads.with_e5(before, &[vec![window(-1.0, 1.0)]]);
+        assert!(
+            (off.get(Category::Violence) - mixed(-1.0)).abs() < 1e-5,
+            "{off:?}"
+        );
+        // Windows are pooled on their logits (mean of 4 and -1), as for a linear head.
+        let both = heads.with_e5(before, &[vec![window(1.0, -1.0), window(-1.0, 1.0)]]);
+        assert!(
+            (both.get(Category::Violence) - mixed(1.5)).abs() < 1e-5,
+            "{both:?}"
+        );
+        // A hidden row of the first stage's width is refused for an e5 head.
+        v["e5"]["heads"]["violence"]["hidden"]["w"] =
+            serde_json::json!([vec![0.0f32; HIDDEN_INPUTS]]);
+        v["e5"]["heads"]["violence"]["hidden"]["b"] = serde_json::json!([0.0]);
+        v["e5"]["heads"]["violence"]["hidden"]["out"] = serde_json::json!([1.0]);
+        let err = Heads::parse(&v.to_string()).err().unwrap();
+        assert!(
+            err.to_string().contains("e5 violence: a hidden row"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("of e5's embedding"), "{err}");
     }
 
     #[test]
