@@ -812,23 +812,25 @@ def choose_thresholds(out, report, keep, P, Z, labels, harmless, hard_negative, 
             spec["w"] = [round(x, 7) for x in spec["w"]]
             spec["b"] = round(spec["b"], 6)
             if "hidden" in spec:
-                hid = spec["hidden"]
-                spec["hidden"] = {"w": [[round(x, 6) for x in row] for row in hid["w"]],
-                                  "b": [round(x, 6) for x in hid["b"]], "out": [round(x, 6) for x in hid["out"]]}
+                spec["hidden"] = rounded_hidden(spec["hidden"], 6)
     for h in heads:
         heads[h]["w"] = [round(x, 6) for x in heads[h]["w"]]
         heads[h]["lex"] = [round(x, 6) for x in heads[h]["lex"]]
         heads[h]["b"] = round(heads[h]["b"], 6)
         if "hidden" in heads[h]:
-            hid = heads[h]["hidden"]
-            heads[h]["hidden"] = {"w": [[round(x, 5) for x in row] for row in hid["w"]],
-                                  "b": [round(x, 5) for x in hid["b"]], "out": [round(x, 5) for x in hid["out"]]}
+            heads[h]["hidden"] = rounded_hidden(heads[h]["hidden"], 5)
     path = SECOND_STAGE_HEADS_PATH if "e5" in out else HEADS_PATH
     path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     (WORK / "train_report.json").write_text(json.dumps({"heads": report, "thresholds": out["thresholds"]}, indent=1))
     np.save(WORK / "kept_mask.npy", keep)
     print("train: thresholds", out["thresholds"], file=sys.stderr)
     print(f"train: wrote {path}", file=sys.stderr)
+
+
+def rounded_hidden(hid, digits):
+    """A hidden layer's weights rounded for heads.json."""
+    return {"w": [[round(x, digits) for x in row] for row in hid["w"]],
+            "b": [round(x, digits) for x in hid["b"]], "out": [round(x, digits) for x in hid["out"]]}
 
 
 def heads_version():
