@@ -106,9 +106,24 @@ def paired(batches):
     return out
 
 
+# `--ml`: the multilingual batches (`*_ml_*`, pool_multilingual.py), their
+# disputed texts (`disputed_ml_*`) and their labels file; without it, the
+# English ones. The two never mix, so merging one cannot drop the other.
+ML = "--ml" in sys.argv
+DISPUTED = "disputed_ml_" if ML else "disputed_"
+
+
+def _is_disputed(stem):
+    return stem.startswith(DISPUTED) and (ML or not stem.startswith("disputed_ml_"))
+
+
+def _in_scope(stem):
+    return ("_ml_" in stem) == ML and not stem.startswith("disputed_")
+
+
 def complete_batches():
     bdir, adir, bpdir, _ = _dirs()
-    names = sorted(p.stem for p in bdir.glob("*.jsonl"))
+    names = sorted(p.stem for p in bdir.glob("*.jsonl") if _in_scope(p.stem))
     return [n for n in names if (adir / f"{n}.tsv").exists() and (bpdir / f"{n}.tsv").exists()
             and not check(bdir / f"{n}.jsonl", adir / f"{n}.tsv") and not check(bdir / f"{n}.jsonl", bpdir / f"{n}.tsv")]
 
@@ -141,12 +156,13 @@ def write_third_pass_batches(pairs):
             texts[d["id"]] = d
     todo = disagreements(pairs)
     done = set()
-    for p in bdir.glob("disputed_*.jsonl"):
+    disputed = [p for p in bdir.glob("disputed_*.jsonl") if _is_disputed(p.stem)]
+    for p in disputed:
         done |= {json.loads(l)["id"] for l in open(p, encoding="utf-8")}
     todo = [t for t in todo if t[0] not in done]
-    n0 = len(list(bdir.glob("disputed_*.jsonl")))
+    n0 = len(disputed)
     for k in range(0, len(todo), 300):
-        with open(bdir / f"disputed_{n0 + k // 300:03d}.jsonl", "w", encoding="utf-8") as f:
+        with open(bdir / f"{DISPUTED}{n0 + k // 300:03d}.jsonl", "w", encoding="utf-8") as f:
             for id_, _ in todo[k : k + 300]:
                 f.write(json.dumps(texts[id_], ensure_ascii=False) + "\n")
     return len(todo)
@@ -157,7 +173,7 @@ def decide(pairs):
     the third pass's (None when it has none yet or could not decide)."""
     bdir, _, _, cdir = _dirs()
     third = {}
-    for p in bdir.glob("disputed_*.jsonl"):
+    for p in (p for p in bdir.glob("disputed_*.jsonl") if _is_disputed(p.stem)):
         pc = cdir / f"{p.stem}.tsv"
         if pc.exists() and not check(p, pc):
             third.update(read_pass(pc))
@@ -190,11 +206,15 @@ if __name__ == "__main__" and sys.argv[1] in ("agreement", "disputed", "merge"):
         print(f"{write_third_pass_batches(pairs)} new disputed texts")
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from pool import LICENCES
+        if ML:
+            from pool_multilingual import LICENCES
+        else:
+            from pool import LICENCES
 
         rows = decide(pairs)
         undecided = [r for r in rows if "undecided" in r["labels"].values()]
-        out = Path(__file__).resolve().parent.parent / "data" / "real_labels.jsonl"
+        name = "real_labels_multilingual.jsonl" if ML else "real_labels.jsonl"
+        out = Path(__file__).resolve().parent.parent / "data" / name
         with open(out, "w", encoding="utf-8") as f:
             for r in sorted(rows, key=lambda r: r["id"]):
                 if r in undecided:

@@ -152,12 +152,24 @@ def draw(source, n):
     return picked
 
 
+def labelled_ids():
+    path = Path(__file__).resolve().parent.parent / "data" / "real_labels_multilingual.jsonl"
+    if not path.exists():
+        return set()
+    return {json.loads(line)["id"] for line in open(path, encoding="utf-8")}
+
+
 def write_batches(source, n):
+    """The first `n` of the source's draw (a larger `n` draws a superset of
+    a smaller one), less the texts already labelled, in batches numbered
+    after the source's existing ones."""
     out = WORK / "labelling" / "batches"
     out.mkdir(parents=True, exist_ok=True)
-    picked = draw(source, n)
+    done = labelled_ids()
+    picked = [r for r in draw(source, n) if r[0] not in done]
+    first = len(list(out.glob(f"{source}_ml_*.jsonl")))
     for b in range(0, len(picked), BATCH):
-        with open(out / f"{source}_ml_{b // BATCH:03d}.jsonl", "w", encoding="utf-8") as f:
+        with open(out / f"{source}_ml_{first + b // BATCH:03d}.jsonl", "w", encoding="utf-8") as f:
             for id_, text, _ in picked[b : b + BATCH]:
                 f.write(json.dumps({"id": id_, "text": text, "lang": LANGUAGE[source]}, ensure_ascii=False) + "\n")
     print(f"{source}: {len(picked)} texts in {(len(picked) + BATCH - 1) // BATCH} batches")
