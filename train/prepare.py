@@ -102,6 +102,43 @@ def real():
     return out
 
 
+# Real texts in other languages labelled the same way (train/real/
+# pool_multilingual.py). They teach the second stage only: the first stage's
+# encoder (MiniLM) reads English, and its heads and the n-gram model stay as
+# they were. Written to dataset_ml.jsonl, 85 % to fit and 15 % held out, per
+# source and positive labels.
+REAL_LABELS_ML = ROOT / "train" / "data" / "real_labels_multilingual.jsonl"
+
+
+def multilingual():
+    if not REAL_LABELS_ML.exists():
+        return []
+    import sys
+
+    sys.path.insert(0, str(ROOT / "train" / "real"))
+    from pool_multilingual import LANGUAGE, all_texts, key
+
+    texts = all_texts()
+    out, seen = [], set()
+    for line in open(REAL_LABELS_ML, encoding="utf-8"):
+        d = json.loads(line)
+        text = texts.get(d["id"])
+        if text is None or key(text) in seen:
+            continue
+        seen.add(key(text))
+        out.append({"text": text, "source": f"ml:{d['source']}", "lang": LANGUAGE[d["source"]],
+                    "labels": dict(d["labels"]), "id": d["id"]})
+    by_group = defaultdict(list)
+    for r in out:
+        positives = tuple(sorted(h for h, v in r["labels"].items() if v == 1))
+        by_group[(r["source"], positives)].append(r)
+    for (source, positives), group in sorted(by_group.items()):
+        random.Random(f"{SEED}:{source}:{','.join(positives)}").shuffle(group)
+        for i, r in enumerate(group):
+            r["split"] = "train" if i / len(group) < 0.85 else "test"
+    return out
+
+
 def davidson(rng, with_hate=True):
     rows = list(csv.DictReader(open(TRAIN / "davidson_labeled_data.csv", encoding="utf-8", errors="replace")))
     out = []
@@ -356,6 +393,11 @@ def main():
                 r.pop("weight", None)
                 f.write(json.dumps(r) + "\n")
                 extra += 1
+    ml = multilingual()
+    with open(WORK / "dataset_ml.jsonl", "w") as f:
+        for r in ml:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"prepare: {len(ml)} texts in other languages for the second stage (dataset_ml.jsonl)")
     print(f"prepare: {extra} more real texts for the n-gram model only ({', '.join(sorted(NGRAM_ONLY_SOURCES))})")
     print(f"prepare: {len(kept)} texts ({dropped_eval} dropped as evaluation duplicates, {dropped_dup} as internal duplicates)")
     pos = Counter()

@@ -124,6 +124,26 @@ assert E5_HIDDEN <= set(E5_CATEGORIES), f"MODERATO_E5_HIDDEN names no e5 head: {
 E5_HIDDEN_UNITS = 128
 E5_HIDDEN_ALPHA = 1.0  # L2 on the weights: at 0.1 the e5-only proxy was no better
 E5_HIDDEN_EPOCHS = 30
+# Real texts in other languages (prepare.py's dataset_ml.jsonl, its "train"
+# rows) teach the e5 heads beside the English rows; MODERATO_ML=0 leaves
+# them out, MODERATO_ML_WEIGHT weighs each against an English row. They
+# never reach the first stage, its thresholds' pool or the n-gram model.
+USE_ML = os.environ.get("MODERATO_ML", "1") == "1"
+ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1.0"))
+# How the served block scores a text surely not in English (Rust
+# OtherLanguages): "mix" with the first stage as English is, or the e5 heads
+# "alone". Chosen on Multilingual HateCheck's validation half
+# (train/eval_multilingual.py).
+E5_OTHER_LANGUAGES = os.environ.get("MODERATO_E5_OTHER_LANGUAGES", "mix")
+assert E5_OTHER_LANGUAGES in ("mix", "alone"), "MODERATO_E5_OTHER_LANGUAGES is mix or alone"
+
+
+def ml_rows():
+    """The multilingual rows the e5 heads are fitted on (none unless USE_ML)."""
+    path = WORK / "dataset_ml.jsonl"
+    if not USE_ML or not path.exists():
+        return []
+    return [r for r in map(json.loads, open(path, encoding="utf-8")) if r["split"] == "train"]
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
 REVISION = 19  # the same day's heads differ by this suffix: raise it when they change
@@ -645,6 +665,15 @@ def fit_e5_block(rows, split, pool):
     train = split == "train"
     mu, sd = E[train].mean(0), E[train].std(0) + 1e-6
     Zs = (E - mu) / sd
+    # The other languages' rows join every fit (final and per fold) with
+    # their own weight; the English statistics standardise them, so English
+    # texts read as they did.
+    extra = ml_rows()
+    if extra:
+        mv, mi = e5_embeddings([r["text"] for r in extra], "multilingual rows", E5_LAYERS, E5_WINDOW)
+        Zx = (e5_text_means(mv, mi, len(extra)) - mu) / sd
+        print(f"train: e5 heads also fitted on {len(extra)} texts in other languages (weight {ML_WEIGHT})",
+              file=sys.stderr)
     folds = stable_folds([r["text"] for r in rows], K_FOLDS, f"e5:{SEED}")
     pool_train = train[pool]
     in_pool = np.full(len(rows), -1)
@@ -670,17 +699,29 @@ def fit_e5_block(rows, split, pool):
             continue
         y = head_labels(rows, c)
         fit = train & ~np.isnan(y)
-        heads[c] = e5_head(Zs[fit], y[fit].astype(int), mu, sd, c in E5_HIDDEN)
+        yx = head_labels(extra, c) if extra else np.zeros(0)
+        known = ~np.isnan(yx)
+
+        def fitted(mask):
+            if not extra:
+                return e5_head(Zs[mask], y[mask].astype(int), mu, sd, c in E5_HIDDEN)
+            Zf = np.vstack([Zs[mask], Zx[known]])
+            yf = np.concatenate([y[mask], yx[known]]).astype(int)
+            wf = np.concatenate([np.ones(int(mask.sum())), np.full(int(known.sum()), ML_WEIGHT)])
+            return e5_head(Zf, yf, mu, sd, c in E5_HIDDEN, wf)
+
+        heads[c] = fitted(fit)
         Z[:, i] = strongest(heads[c], on_pool)
         for k in range(K_FOLDS):
             part = fit & (folds != k)
             held = pool_train & (folds[pool] == k)
-            zk = strongest(e5_head(Zs[part], y[part].astype(int), mu, sd, c in E5_HIDDEN),
-                           on_pool & held[np.maximum(window_pool, 0)])
+            zk = strongest(fitted(part), on_pool & held[np.maximum(window_pool, 0)])
             Z[held, i] = zk[held]
         print(f"train: e5 {c:24s} pos train={int(y[fit].sum())}" + (" (hidden layer)" if c in E5_HIDDEN else ""),
               file=sys.stderr)
     block = {"gate": E5_GATE, "weight": E5_WEIGHT, "pool": E5_POOL, "keep": kept(heads), "heads": heads}
+    if E5_OTHER_LANGUAGES != "mix":
+        block["other_languages"] = E5_OTHER_LANGUAGES
     if E5_LAYERS:
         block["layers"] = E5_LAYERS
     if E5_WINDOW:
@@ -688,19 +729,20 @@ def fit_e5_block(rows, split, pool):
     return block, Z
 
 
-def e5_head(Zs, y, mu, sd, hidden):
-    """An e5 head fitted on standardised text-mean embeddings `Zs`, with the
-    standardisation (mu, sd) folded in so that it reads e5's windows as
-    served: logistic, or with a hidden layer (its linear part zero)."""
+def e5_head(Zs, y, mu, sd, hidden, weight=None):
+    """An e5 head fitted on standardised text-mean embeddings `Zs` (each row
+    weighing `weight`, 1 when None), with the standardisation (mu, sd)
+    folded in so that it reads e5's windows as served: logistic, or with a
+    hidden layer (its linear part zero)."""
     if not hidden:
-        lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs, y)
+        lr = LogisticRegression(C=E5_C, max_iter=2000).fit(Zs, y, sample_weight=weight)
         w = lr.coef_[0] / sd
         return {"w": w.tolist(), "b": float(lr.intercept_[0] - w @ mu)}
     net = MLPClassifier(hidden_layer_sizes=(E5_HIDDEN_UNITS,), alpha=E5_HIDDEN_ALPHA, batch_size=256,
                         learning_rate_init=1e-3, max_iter=E5_HIDDEN_EPOCHS, random_state=SEED)
     with warnings.catch_warnings():  # a fixed number of epochs is the regularisation chosen
         warnings.simplefilter("ignore", ConvergenceWarning)
-        net.fit(Zs, y)
+        net.fit(Zs, y, sample_weight=weight)
     W1 = net.coefs_[0] / sd[:, None]  # (E5_DIM, units), on e5's raw embedding
     b1 = net.intercepts_[0] - (mu / sd) @ net.coefs_[0]
     return {"w": [0.0] * len(mu), "b": float(net.intercepts_[1][0]),
