@@ -455,16 +455,57 @@ impl<'a> Iterator for Segments<'a> {
 }
 
 /// A run of single-character words separated by single separators
-/// (`k i l l`, `s.u.i.c.i.d.e`), pending until we know whether it is long
-/// enough to rejoin.
+/// (`k i l l`, `s.u.i.c.i.d.e`) or by runs of spaces (`k   i   l   l`),
+/// pending until we know whether it is long enough to rejoin.
 #[derive(Default)]
 struct SpeltRun {
     start: usize,
     end: usize,
     singles: usize,
-    letters: usize,
-    /// A one-character separator after `end`, not yet emitted.
-    pending_sep: Option<usize>,
+    /// A gap after `end` that may continue the run, not yet emitted.
+    pending_sep: Option<std::ops::Range<usize>>,
+}
+
+/// At most this many spaces between single letters still spell a word
+/// (`k     i     l     l`); a wider gap is layout.
+const MAX_SPACE_GAP: usize = 8;
+
+/// Whether a gap between single characters may continue a spelt-out run:
+/// one separator character, or a run of spaces.
+fn continues_spelt_run(gap: &str) -> bool {
+    (is_single_char(gap) && gap.chars().all(is_separator))
+        || (gap.len() <= MAX_SPACE_GAP && gap.bytes().all(|b| b == b' '))
+}
+
+/// A spelt-out run cut into its words: the narrowest gap inside the run is
+/// the one between letters, and a wider one ends a word (`k i l l   y o u`,
+/// `k  i  l  l     y  o  u`). Each part is `(is_gap, byte range)`.
+fn spelt_words(text: &str, run: std::ops::Range<usize>) -> Vec<(bool, std::ops::Range<usize>)> {
+    let mut parts: Vec<(bool, std::ops::Range<usize>)> = Vec::new();
+    for (i, c) in text[run.clone()].char_indices() {
+        let at = run.start + i..run.start + i + c.len_utf8();
+        let gap = !is_word_core(c);
+        match parts.last_mut() {
+            Some((was_gap, range)) if *was_gap && gap => range.end = at.end,
+            _ => parts.push((gap, at)),
+        }
+    }
+    let narrowest = parts
+        .iter()
+        .filter(|(gap, _)| *gap)
+        .map(|(_, r)| r.len())
+        .min()
+        .unwrap_or(0);
+    parts
+        .into_iter()
+        .map(|(gap, r)| (gap && r.len() > narrowest, r))
+        .fold(Vec::new(), |mut words, (wide_gap, r)| {
+            match words.last_mut() {
+                Some((false, word)) if !wide_gap => word.end = r.end,
+                _ => words.push((wide_gap, r)),
+            }
+            words
+        })
 }
 
 impl SpeltRun {
@@ -526,7 +567,6 @@ impl Rewriter<'_, '_> {
                     self.run.end = end;
                 }
                 self.run.singles += 1;
-                self.run.letters += usize::from(seg.chars().any(char::is_alphabetic));
             }
             SegKind::Word if is_email_local_part(self.text, start, end) => {
                 self.flush_run();
@@ -537,8 +577,8 @@ impl Rewriter<'_, '_> {
                 self.emit(start..end, |rw| rw.word(seg));
             }
             SegKind::Gap => {
-                if self.run.is_active() && is_single_char(seg) && seg.chars().all(is_separator) {
-                    self.run.pending_sep = Some(start);
+                if self.run.is_active() && continues_spelt_run(seg) {
+                    self.run.pending_sep = Some(start..end);
                 } else {
                     self.flush_run();
                     self.emit(start..end, |rw| rw.out.push_str(seg));
@@ -553,23 +593,38 @@ impl Rewriter<'_, '_> {
             return;
         }
         let text = self.text;
-        let spelt = &text[run.start..run.end];
-        if run.singles >= MIN_SPELT_OUT_LEN && run.letters >= 2 {
-            let joined: String = spelt.chars().filter(|&c| is_word_core(c)).collect();
-            self.emit(run.start..run.end, |rw| rw.word(&joined));
-        } else {
-            for (i, c) in spelt.char_indices() {
-                let at = run.start + i..run.start + i + c.len_utf8();
-                if is_word_core(c) {
-                    self.emit(at, |rw| rw.word(&spelt[i..i + c.len_utf8()]));
-                } else {
-                    self.emit(at, |rw| rw.out.push(c));
-                }
+        for (wide_gap, part) in spelt_words(text, run.start..run.end) {
+            if wide_gap {
+                self.emit(part.clone(), |rw| rw.out.push_str(&text[part]));
+            } else {
+                self.spelt_word(part);
             }
         }
         if let Some(sep) = run.pending_sep {
-            let end = run_sep_end(text, sep);
-            self.emit(sep..end, |rw| rw.out.push_str(&text[sep..end]));
+            self.emit(sep.clone(), |rw| rw.out.push_str(&text[sep]));
+        }
+    }
+
+    /// One word of a spelt-out run: rejoined when it has enough letters,
+    /// else left as its pieces.
+    fn spelt_word(&mut self, part: std::ops::Range<usize>) {
+        let text = self.text;
+        let spelt = &text[part.clone()];
+        let singles = spelt.chars().filter(|&c| is_word_core(c)).count();
+        let letters = spelt.chars().filter(|c| c.is_alphabetic()).count();
+        if singles >= MIN_SPELT_OUT_LEN && letters >= 2 {
+            let joined: String = spelt.chars().filter(|&c| is_word_core(c)).collect();
+            self.emit(part, |rw| rw.word(&joined));
+            return;
+        }
+        for (i, c) in spelt.char_indices() {
+            let at = part.start + i..part.start + i + c.len_utf8();
+            if is_word_core(c) {
+                self.emit(at, |rw| rw.word(&spelt[i..i + c.len_utf8()]));
+            } else {
+                let piece = &text[at.clone()];
+                self.emit(at, |rw| rw.out.push_str(piece));
+            }
         }
     }
 
@@ -729,9 +784,6 @@ fn is_email_local_part(text: &str, start: usize, end: usize) -> bool {
     at_inside && after.next() == Some('.') && after.next().is_some_and(char::is_alphanumeric)
 }
 
-fn run_sep_end(text: &str, sep: usize) -> usize {
-    sep + text[sep..].chars().next().map_or(0, char::len_utf8)
-}
 
 fn is_single_char(s: &str) -> bool {
     let mut chars = s.chars();
@@ -1057,6 +1109,29 @@ mod tests {
         assert_eq!(n("k 1 l l"), "kill");
     }
 
+    /// Issue #54: letters spread with runs of spaces were left apart, so
+    /// `k  i  l  l` slipped past the lexicon and the model's second view.
+    /// The narrowest gap of a run is the one between letters; wider gaps
+    /// part its words.
+    #[test]
+    fn letters_spread_with_runs_of_spaces_are_rejoined_word_by_word() {
+        assert_eq!(n("k  i  l  l"), "kill");
+        assert_eq!(n("k i l l   y o u r s e l f now"), "kill   yourself now");
+        assert_eq!(n("k  i  l  l     y  o  u  r  s  e  l  f"), "kill     yourself");
+        assert_eq!(n("k   i   l   l  y o u"), "k   i   l   l  you");
+        assert_eq!(n("I will k    i    l    l you"), "i will kill you");
+        // Beyond MAX_SPACE_GAP spaces it is layout, not spelling.
+        let far = ["k", "i", "l", "l"].join(&" ".repeat(MAX_SPACE_GAP + 1));
+        assert_eq!(n(&far), far);
+        // Each rejoined word maps back to its own letters.
+        let text = "go  k  i  l  l     y  o  u  r  s  e  l  f";
+        let traced = normalize_traced(text, Options::default());
+        assert_eq!(traced.text, "go  kill     yourself");
+        let at = traced.text.find("yourself").unwrap();
+        let back = traced.map.to_original(at..at + "yourself".len()).unwrap();
+        assert_eq!(&text[back], "y  o  u  r  s  e  l  f");
+    }
+
     #[test]
     fn masked_letters_are_restored_to_the_lexicon_word() {
         assert_eq!(n("I will m*rder you"), "i will murder you");
@@ -1076,7 +1151,7 @@ mod tests {
     fn short_or_numeric_single_runs_are_not_rejoined() {
         assert_eq!(n("e.g. a b"), "e.g. a b");
         assert_eq!(n("1 2 3 4"), "1 2 3 4");
-        assert_eq!(n("k  i  l  l"), "k  i  l  l");
+        assert_eq!(n("a  b"), "a  b");
         assert_eq!(n("i am a man"), "i am a man");
     }
 
