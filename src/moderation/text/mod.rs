@@ -3,6 +3,7 @@
 //! the service around them.
 
 pub(crate) mod evidence;
+pub mod language;
 pub mod lexical;
 pub mod model;
 pub mod ngrams;

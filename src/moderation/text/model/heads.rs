@@ -109,7 +109,25 @@ struct E5Spec {
     /// e5's default (`e5::WINDOW_TOKENS`).
     #[serde(default)]
     window: Option<NonZeroUsize>,
+    /// How a text surely in another language than English is scored;
+    /// absent: as English is.
+    #[serde(default)]
+    other_languages: OtherLanguages,
     heads: HashMap<String, E5HeadSpec>,
+}
+
+/// How the second stage scores a text that is surely not English (see
+/// [`crate::moderation::text::language`]). The first stage's encoder reads
+/// English: on other languages its scores are mostly noise.
+#[derive(Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OtherLanguages {
+    /// Mixed with the first stage, as English text is.
+    #[default]
+    Mix,
+    /// The e5 heads alone, for the categories they have; the others keep
+    /// the first stage's score.
+    Alone,
 }
 
 /// How the windows of one view of a text speak for it in the second stage.
@@ -254,6 +272,7 @@ pub struct E5Block {
     pool: WindowPool,
     layers: Option<NonZeroUsize>,
     window: Option<NonZeroUsize>,
+    other_languages: OtherLanguages,
     /// Indexed by category; `None` where the second encoder has no head.
     heads: Vec<Option<E5Head>>,
 }
@@ -297,11 +316,13 @@ impl E5Block {
     }
 
     /// Per category with an e5 head, its logit over `views` (each the
-    /// embeddings of one view's windows) averaged with the first stage's.
-    fn mix(&self, scores: &mut CategoryScores, views: &[Vec<Vec<f32>>]) {
+    /// embeddings of one view's windows) averaged with the first stage's;
+    /// for a text surely in another language, by `other_languages`.
+    fn mix(&self, scores: &mut CategoryScores, views: &[Vec<Vec<f32>>], english: bool) {
         if views.iter().all(Vec::is_empty) {
             return;
         }
+        let alone = !english && self.other_languages == OtherLanguages::Alone;
         for c in Category::ALL {
             if let Some(head) = &self.heads[c.index()] {
                 let reading = views
@@ -309,6 +330,10 @@ impl E5Block {
                     .filter(|windows| !windows.is_empty())
                     .map(|windows| self.pooled(windows.iter().map(|e| head.logit(e))))
                     .fold(f32::NEG_INFINITY, f32::max);
+                if alone {
+                    scores.set(c, sigmoid(reading));
+                    continue;
+                }
                 let first = scores.get(c);
                 let z = (1.0 - self.weight) * logit(first) + self.weight * reading;
                 let mixed = sigmoid(z);
@@ -453,10 +478,17 @@ impl Heads {
     /// The final scores of a text the second encoder was consulted on:
     /// its composed first-stage `scores` mixed with the e5 heads' reading
     /// of the e5 embeddings of the text's `views` (per view, its windows'),
-    /// parents raised again. Unchanged without an e5 block.
-    pub fn with_e5(&self, mut scores: CategoryScores, views: &[Vec<Vec<f32>>]) -> CategoryScores {
+    /// parents raised again. `english`: whether the text is surely English
+    /// (else the block's `other_languages` rule applies). Unchanged without
+    /// an e5 block.
+    pub fn with_e5(
+        &self,
+        mut scores: CategoryScores,
+        views: &[Vec<Vec<f32>>],
+        english: bool,
+    ) -> CategoryScores {
         if let Some(block) = &self.e5 {
-            block.mix(&mut scores, views);
+            block.mix(&mut scores, views, english);
             // The first stage composes sexual/minors at or under sexual;
             // where e5 lowered sexual (sexual/minors has no e5 head), sexual
             // is raised to its kind again, as every parent is. Lowering
@@ -555,6 +587,7 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         pool: spec.pool,
         layers: spec.layers,
         window: spec.window,
+        other_languages: spec.other_languages,
         heads,
     })
 }
@@ -728,6 +761,34 @@ mod tests {
     }
 
     #[test]
+    fn other_languages_alone_let_e5_speak_without_the_first_stage() {
+        let mixed = heads_with_e5(-5.0, 0.1, "mean", 1.0);
+        let mut v: serde_json::Value = serde_json::from_str(&heads_json(-5.0, -5.0)).unwrap();
+        v["heads"]["self-harm/intent"]["b"] = serde_json::json!(-5.0);
+        let mut w = vec![0.0f32; E5_DIM];
+        w[0] = 10.0;
+        v["e5"] = serde_json::json!({
+            "gate": 0.1, "weight": 0.5, "pool": "mean", "keep": {},
+            "other_languages": "alone",
+            "heads": {"self-harm/intent": {"w": w, "b": 0.0}},
+        });
+        let alone = Heads::parse(&v.to_string()).unwrap();
+        let before = first_stage(&alone);
+        let read = [vec![e5_with_logit(2.0)]];
+        // English, and any text under the default rule: the logits average,
+        // (-5 + 2) / 2, so a first stage blind to the language holds e5 down.
+        let english = alone.with_e5(before, &read, true);
+        assert!((english.get(Category::SelfHarmIntent) - sigmoid(-1.5)).abs() < 1e-5);
+        assert_eq!(mixed.with_e5(before, &read, false), english);
+        // Another language under "alone": e5's own reading, parents raised.
+        let other = alone.with_e5(before, &read, false);
+        assert!((other.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
+        assert!(other.get(Category::SelfHarm) >= other.get(Category::SelfHarmIntent));
+        // Categories without an e5 head keep the first stage's score.
+        assert_eq!(other.get(Category::Hate), before.get(Category::Hate));
+    }
+
+    #[test]
     fn the_second_stage_averages_logits_and_raises_parents_again() {
         let heads = heads_with_e5(1.0, 0.5, "max", 1.0);
         let before = first_stage(&heads);
@@ -737,7 +798,7 @@ mod tests {
             "sigmoid(1) = 0.73 reaches the gate"
         );
         // e5 logit 3: the mix is sigmoid((1 + 3) / 2).
-        let after = heads.with_e5(before, &[vec![e5_with_logit(3.0)]]);
+        let after = heads.with_e5(before, &[vec![e5_with_logit(3.0)]], true);
         assert!((after.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
         assert_eq!(
             after.get(Category::SelfHarm),
@@ -746,11 +807,11 @@ mod tests {
         // Categories without an e5 head keep their first-stage score.
         assert_eq!(after.get(Category::Hate), before.get(Category::Hate));
         // A clear "no" from e5 lowers the score.
-        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
+        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]], true);
         assert!(no.get(Category::SelfHarmIntent) < 0.2);
         // Pooled by the strongest window: one "yes" among "no"s.
         let windows = vec![e5_with_logit(-5.0), e5_with_logit(3.0)];
-        assert_eq!(heads.with_e5(before, &[windows]), after);
+        assert_eq!(heads.with_e5(before, &[windows], true), after);
     }
 
     #[test]
@@ -758,16 +819,15 @@ mod tests {
         let heads = heads_with_e5(1.0, 0.5, "mean", 1.0);
         let before = first_stage(&heads);
         // Windows at 3 and -5: their mean, -1, is the view's logit.
-        let one_view = heads.with_e5(before, &[vec![e5_with_logit(3.0), e5_with_logit(-5.0)]]);
+        let one_view = heads.with_e5(before, &[vec![e5_with_logit(3.0), e5_with_logit(-5.0)]], true);
         assert!((one_view.get(Category::SelfHarmIntent) - sigmoid(0.0)).abs() < 1e-5);
         // The de-obfuscated view reads 3 where the raw one reads -5: 3 speaks.
         let views = heads.with_e5(
             before,
-            &[vec![e5_with_logit(-5.0)], vec![e5_with_logit(3.0)]],
-        );
+            &[vec![e5_with_logit(-5.0)], vec![e5_with_logit(3.0)]], true);
         assert!((views.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
         // A view without windows (nothing to read) is not a "no".
-        let empty = heads.with_e5(before, &[vec![], vec![e5_with_logit(3.0)]]);
+        let empty = heads.with_e5(before, &[vec![], vec![e5_with_logit(3.0)]], true);
         assert_eq!(empty, views);
     }
 
@@ -776,16 +836,16 @@ mod tests {
         // First stage sigmoid(1) = 0.73, at or over keep = 0.7.
         let heads = heads_with_e5(1.0, 0.5, "mean", 0.7);
         let before = first_stage(&heads);
-        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
+        let no = heads.with_e5(before, &[vec![e5_with_logit(-5.0)]], true);
         assert_eq!(
             no.get(Category::SelfHarmIntent),
             before.get(Category::SelfHarmIntent)
         );
-        let yes = heads.with_e5(before, &[vec![e5_with_logit(3.0)]]);
+        let yes = heads.with_e5(before, &[vec![e5_with_logit(3.0)]], true);
         assert!((yes.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
         // Under keep, a "no" lowers as before.
         let unsure = heads_with_e5(1.0, 0.5, "mean", 0.8);
-        let lowered = unsure.with_e5(before, &[vec![e5_with_logit(-5.0)]]);
+        let lowered = unsure.with_e5(before, &[vec![e5_with_logit(-5.0)]], true);
         assert!(lowered.get(Category::SelfHarmIntent) < 0.2);
     }
 
@@ -800,7 +860,7 @@ mod tests {
         let heads = Heads::parse(&v.to_string()).unwrap();
         let before = first_stage(&heads);
         assert!(before.get(Category::SexualMinors) > 0.85, "{before:?}");
-        let after = heads.with_e5(before, &[vec![vec![0.0f32; E5_DIM]]]);
+        let after = heads.with_e5(before, &[vec![vec![0.0f32; E5_DIM]]], true);
         // e5's "no" (logit -8) would take sexual to sigmoid(-3) = 0.05.
         assert_eq!(
             after.get(Category::Sexual),
@@ -837,19 +897,19 @@ mod tests {
         };
         let mixed = |z: f32| sigmoid(0.5 * first + 0.5 * z);
         // Both units on: 2 * 1 + 3 * 1 - 1 = 4.
-        let on = heads.with_e5(before, &[vec![window(1.0, -1.0)]]);
+        let on = heads.with_e5(before, &[vec![window(1.0, -1.0)]], true);
         assert!(
             (on.get(Category::Violence) - mixed(4.0)).abs() < 1e-5,
             "{on:?}"
         );
         // ReLU: negative activations add nothing, leaving the bias.
-        let off = heads.with_e5(before, &[vec![window(-1.0, 1.0)]]);
+        let off = heads.with_e5(before, &[vec![window(-1.0, 1.0)]], true);
         assert!(
             (off.get(Category::Violence) - mixed(-1.0)).abs() < 1e-5,
             "{off:?}"
         );
         // Windows are pooled on their logits (mean of 4 and -1), as for a linear head.
-        let both = heads.with_e5(before, &[vec![window(1.0, -1.0), window(-1.0, 1.0)]]);
+        let both = heads.with_e5(before, &[vec![window(1.0, -1.0), window(-1.0, 1.0)]], true);
         assert!(
             (both.get(Category::Violence) - mixed(1.5)).abs() < 1e-5,
             "{both:?}"
@@ -874,7 +934,7 @@ mod tests {
         assert!(!heads.e5.as_ref().unwrap().consulted(&scores), "{scores:?}");
         let plain = Heads::parse(&heads_json(-5.0, -5.0)).unwrap();
         assert!(plain.e5.is_none());
-        assert_eq!(plain.with_e5(scores, &[vec![vec![1.0; E5_DIM]]]), scores);
+        assert_eq!(plain.with_e5(scores, &[vec![vec![1.0; E5_DIM]]], true), scores);
     }
 
     #[test]

@@ -1,0 +1,64 @@
+//! Scores texts exactly as the served text path does (first stage, the
+//! language check and, with an e5 block, the second stage), for evaluating
+//! a heads file on sets whose scoring depends on more than embeddings (the
+//! multilingual ones: which texts e5 reads depends on their language).
+//!
+//! Usage: `cargo run --example score -- HEADS.json IN.jsonl OUT.jsonl`
+//! IN.jsonl has one `{"text": "..."}` object per line; OUT.jsonl gets one
+//! `{"scores": {category: score}, "language": "de" | null}` per input line,
+//! in order. Models are read from `$MODERATO_MODELS_DIR` or
+//! `<repository>/models`.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+
+use anyhow::{bail, Context};
+use moderato::moderation::text::language;
+use moderato::moderation::text::model::EmbeddingClassifier;
+use moderato::moderation::{Deadline, TextClassifier};
+
+/// Texts scored per call: the encoders batch within a call.
+const CHUNK: usize = 64;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [heads, input, output] = args.as_slice() else {
+        bail!("usage: score HEADS.json IN.jsonl OUT.jsonl");
+    };
+    let heads = std::fs::read_to_string(heads).with_context(|| format!("reading {heads}"))?;
+    let model = EmbeddingClassifier::load_with_heads(&moderato::config::repository_models_dir(), &heads)?;
+    let texts = read_texts(input)?;
+    let mut out = BufWriter::new(
+        std::fs::File::create(output).with_context(|| format!("creating {output}"))?,
+    );
+    for (c, chunk) in texts.chunks(CHUNK).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let scores = model.score_batch_within(&refs, &Deadline::distant())?;
+        for (text, s) in refs.iter().zip(scores) {
+            let map: serde_json::Map<String, serde_json::Value> = s
+                .iter()
+                .map(|(c, v)| (c.as_str().to_owned(), serde_json::Value::from(v)))
+                .collect();
+            let language = language::detect(text).language().map(|l| l.code());
+            writeln!(out, "{}", serde_json::json!({"scores": map, "language": language}))?;
+        }
+        eprint!("\rscored {}/{}", c * CHUNK + chunk.len(), texts.len());
+    }
+    eprintln!();
+    out.flush()?;
+    Ok(())
+}
+
+fn read_texts(path: &str) -> anyhow::Result<Vec<String>> {
+    let reader =
+        BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {path}"))?);
+    let mut texts = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let value: serde_json::Value =
+            serde_json::from_str(&line?).with_context(|| format!("line {}", n + 1))?;
+        match value.get("text").and_then(|t| t.as_str()) {
+            Some(t) => texts.push(t.to_string()),
+            None => bail!("line {} has no \"text\" string", n + 1),
+        }
+    }
+    Ok(texts)
+}
