@@ -15,7 +15,7 @@ use crate::access::{
     Policy, PolicyDraft, PolicyError, PolicyId, PolicyVersion, Role, Tier,
 };
 use crate::config::Config;
-use crate::moderation::{Category, CategoryRule};
+use crate::moderation::{Category, CategoryRule, Speed};
 use crate::store::{AccountKeyInsert, NewAccountKey, Period, Store};
 
 #[derive(Debug, Parser)]
@@ -59,6 +59,10 @@ pub struct RuleArgs {
     /// Never flag CATEGORY. Repeatable.
     #[arg(long = "off", value_name = "CATEGORY")]
     off: Vec<String>,
+    /// The text path: `accurate` (both encoders; the default of a new
+    /// policy) or `fast` (the first stage alone, for high-volume keys).
+    #[arg(long, value_name = "accurate|fast")]
+    speed: Option<Speed>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -687,6 +691,7 @@ async fn policies(command: PoliciesCommand, config: &Config) -> anyhow::Result<(
             let draft = PolicyDraft {
                 name: crate::access::policy::policy_name(&name)?,
                 rules: rules_from_args(&rules.thresholds, &rules.off)?,
+                speed: rules.speed.unwrap_or_default(),
                 changed_by: CLI_AUTHOR.into(),
             };
             let id = PolicyId::new_random();
@@ -749,6 +754,7 @@ async fn policies(command: PoliciesCommand, config: &Config) -> anyhow::Result<(
                     None => policy.name.clone(),
                 },
                 rules: merged,
+                speed: rules.speed.unwrap_or(policy.speed),
                 changed_by: CLI_AUTHOR.into(),
             };
             match store
@@ -778,6 +784,7 @@ fn version_json(v: &PolicyVersion) -> serde_json::Value {
         "version": v.version,
         "name": v.name,
         "rules": rules_to_json(&v.rules),
+        "speed": v.speed,
         "changed_by": v.changed_by,
         "changed_at": v.changed_at,
     })
@@ -791,6 +798,7 @@ fn policy_json(p: &Policy, history: Option<&[PolicyVersion]>) -> serde_json::Val
         "account": p.account_id,
         "default": p.is_default,
         "rules": rules_to_json(&p.rules),
+        "speed": p.speed,
         "created_at": p.created_at,
         "updated_at": p.updated_at,
     });
@@ -811,8 +819,8 @@ fn print_policy(p: &Policy, history: Option<&[PolicyVersion]>, as_json: bool) {
         ""
     };
     println!(
-        "id:      {}\nname:    {}{default}\nversion: {}",
-        p.id, p.name, p.version
+        "id:      {}\nname:    {}{default}\nversion: {}\nspeed:   {}",
+        p.id, p.name, p.version, p.speed
     );
     for category in Category::ALL {
         let rule = match p.rules.get(category) {

@@ -15,7 +15,7 @@ use crate::access::Tier;
 use crate::moderation::image::decode::ImageLimits;
 use crate::moderation::image::remote::{self, RemoteImageSettings};
 use crate::moderation::image::vision::VisionSettings;
-use crate::moderation::{Category, Thresholds};
+use crate::moderation::{Category, Speed, Thresholds};
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -145,9 +145,29 @@ pub struct TextModelConfig {
     pub embedding_cache_entries: usize,
     /// The widest instructions the encoder's 8-bit kernels may use.
     pub cpu_kernel: CpuKernel,
-    /// Serve the heads with a second stage: texts the first stage finds
-    /// suspect are read again by multilingual-e5-small.
-    pub second_stage: bool,
+    /// The text path of the requests whose policy says nothing: accurate
+    /// (texts the first stage finds suspect are read again by
+    /// multilingual-e5-small) or fast (the first stage alone). With fast,
+    /// the second encoder is not loaded and every request takes the fast
+    /// path; with accurate, a policy may still choose fast.
+    pub speed: Speed,
+    /// The setting `speed` replaced (true: accurate, false: fast), still
+    /// read so that an operator's configuration keeps its meaning; it wins
+    /// over `speed` when given.
+    #[serde(default)]
+    pub second_stage: Option<bool>,
+}
+
+impl TextModelConfig {
+    /// The operator's default text path: `second_stage` when given, else
+    /// `speed`.
+    pub fn speed(&self) -> Speed {
+        match self.second_stage {
+            Some(true) => Speed::Accurate,
+            Some(false) => Speed::Fast,
+            None => self.speed,
+        }
+    }
 }
 
 /// `text_model.cpu_kernel`: every kernel gives the same embeddings, so this

@@ -31,7 +31,7 @@ use config::{
     Config, ImageClassifierKind, TextClassifierKind, TextModelConfig, ThresholdOverrides,
 };
 use moderation::engine::{Engine, EngineParts};
-use moderation::{ImageClassifier, TextClassifier};
+use moderation::{ImageClassifier, Speed, TextClassifier};
 
 /// Serves the service on `listener` until `shutdown` is cancelled, then
 /// finishes the requests in flight (at most `shutdown_grace_ms`) and writes
@@ -194,17 +194,29 @@ fn load_signer(config: &Config) -> anyhow::Result<Arc<signing::ResponseSigner>> 
 /// tests) share them.
 pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
     choose_cpu_kernel(config.text_model.cpu_kernel);
-    let text = text_classifier(
+    let paths = text_classifiers(
         config.text_classifier,
         &config.models_dir,
         &config.text_model,
     )?;
+    let text = paths.default.clone();
     let image = match config.image_classifier {
         ImageClassifierKind::None => None,
         ImageClassifierKind::Nsfwjs => Some(image_classifier(&config.models_dir)?),
     };
     let text_thresholds =
         ThresholdOverrides::apply(&config.thresholds.text, text.default_thresholds());
+    // The operator's overrides apply to both paths: they are the operator's
+    // word on a category, whichever encoders read the text.
+    let fast_text = paths.fast.map(|fast| moderation::engine::FastText {
+        thresholds: ThresholdOverrides::apply(&config.thresholds.text, fast.default_thresholds()),
+        classifier: fast,
+    });
+    tracing::info!(
+        default = %config.text_model.speed(),
+        models = %text.model_id(),
+        "text path"
+    );
     let image_thresholds = match &image {
         Some(i) => ThresholdOverrides::apply(&config.thresholds.image, i.default_thresholds()),
         None => moderation::Thresholds::uniform(0.5),
@@ -220,6 +232,7 @@ pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
     Ok(Engine::new(EngineParts {
         text,
         text_thresholds,
+        fast_text,
         image,
         image_thresholds,
         image_limits: config.limits.image.clone(),
@@ -295,29 +308,65 @@ fn choose_cpu_kernel(kernel: config::CpuKernel) {
     );
 }
 
-type TextCache = Mutex<HashMap<(String, PathBuf), Arc<dyn TextClassifier>>>;
+type TextCache = Mutex<HashMap<(String, PathBuf), TextPaths>>;
 type ImageCache = Mutex<HashMap<PathBuf, Arc<dyn ImageClassifier>>>;
 
-fn text_classifier(
+/// The text models of the two paths: `default` for requests whose policy
+/// says nothing, `fast` for those that choose the fast path when the
+/// default is not already it.
+#[derive(Clone)]
+struct TextPaths {
+    default: Arc<dyn TextClassifier>,
+    fast: Option<Arc<dyn TextClassifier>>,
+}
+
+fn text_classifiers(
     kind: TextClassifierKind,
     models_dir: &Path,
     settings: &TextModelConfig,
-) -> anyhow::Result<Arc<dyn TextClassifier>> {
+) -> anyhow::Result<TextPaths> {
+    use moderation::text::model::{
+        EmbeddingClassifier, SHIPPED_HEADS_JSON, SHIPPED_SECOND_STAGE_HEADS_JSON,
+    };
     static CACHE: OnceLock<TextCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let second_stage = settings.second_stage && kind == TextClassifierKind::Minilm;
-    let key = (format!("{kind:?} {second_stage}"), models_dir.to_path_buf());
+    let speed = settings.speed();
+    let key = (
+        format!("{kind:?} {speed} {}", settings.embedding_cache_entries),
+        models_dir.to_path_buf(),
+    );
     if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(found.clone());
     }
-    let loaded: Arc<dyn TextClassifier> = match kind {
-        TextClassifierKind::Null => Arc::new(moderation::text::null::NullClassifier),
-        TextClassifierKind::Lexical => Arc::new(moderation::LexicalClassifier::new()),
-        TextClassifierKind::Minilm => Arc::new(
-            moderation::text::model::EmbeddingClassifier::load_shipped(models_dir, second_stage)
-                .context("loading the text model (run scripts/setup.sh to fetch its files)")?
-                .with_embedding_cache(settings.embedding_cache_entries),
-        ),
+    let only = |default: Arc<dyn TextClassifier>| TextPaths {
+        default,
+        fast: None,
+    };
+    let loaded = match kind {
+        TextClassifierKind::Null => only(Arc::new(moderation::text::null::NullClassifier)),
+        TextClassifierKind::Lexical => only(Arc::new(moderation::LexicalClassifier::new())),
+        TextClassifierKind::Minilm => {
+            let context = "loading the text model (run scripts/setup.sh to fetch its files)";
+            let first_heads = match speed {
+                Speed::Accurate => SHIPPED_SECOND_STAGE_HEADS_JSON,
+                Speed::Fast => SHIPPED_HEADS_JSON,
+            };
+            let default = EmbeddingClassifier::load_with_heads(models_dir, first_heads)
+                .context(context)?
+                .with_embedding_cache(settings.embedding_cache_entries);
+            let fast = match speed {
+                Speed::Fast => None,
+                Speed::Accurate => Some(Arc::new(
+                    default
+                        .sibling(models_dir, SHIPPED_HEADS_JSON)
+                        .context(context)?,
+                ) as Arc<dyn TextClassifier>),
+            };
+            TextPaths {
+                default: Arc::new(default),
+                fast,
+            }
+        }
     };
     cache
         .lock()

@@ -1,6 +1,8 @@
 //! Policies: an account's own choice, per category, of "off" or a threshold
-//! that replaces the shipped one. A key is judged by its own policy, else by
-//! its account's default policy, else by the shipped thresholds alone.
+//! that replaces the shipped one, and of the text path's speed (accurate by
+//! default; fast for high-volume keys). A key is judged by its own policy,
+//! else by its account's default policy, else by the shipped thresholds
+//! alone on the accurate path.
 //!
 //! A policy changes decisions (`flagged`, `categories`), never scores; the
 //! decision itself is [`crate::moderation::EffectiveThresholds::decide`].
@@ -12,7 +14,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::accounts::AccountId;
-use crate::moderation::{Category, CategoryRule, CategoryRules, Threshold, ThresholdOutOfRange};
+use crate::moderation::{
+    Category, CategoryRule, CategoryRules, Speed, Threshold, ThresholdOutOfRange, UnknownSpeed,
+};
 
 /// A policy's id: a UUID, kept as its hyphenated lower-case text.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -61,6 +65,8 @@ pub enum PolicyError {
     Repeated { field: String, category: Category },
     #[error("name: give the policy a name of 1 to {MAX_NAME_CHARS} characters")]
     Name,
+    #[error("speed: {0}")]
+    Speed(#[from] UnknownSpeed),
     #[error("{field}: no policy {id:?} in this account")]
     NotInAccount { field: String, id: String },
 }
@@ -149,10 +155,33 @@ pub fn rules_to_json(rules: &CategoryRules) -> serde_json::Value {
     serde_json::Value::Object(map)
 }
 
-/// Reads stored rules back, checking them as new ones are checked.
-pub fn rules_from_json(text: &str) -> Result<CategoryRules, String> {
-    let map: serde_json::Map<String, serde_json::Value> =
+/// The key of the stored form that holds the speed: no category is named
+/// so, and a policy on the default (accurate) path stores none, so every
+/// policy stored before speeds existed reads as accurate.
+const SPEED_KEY: &str = "speed";
+
+/// A policy's rules and speed as stored: [`rules_to_json`], with
+/// `"speed": "fast"` when the policy chooses the fast path.
+pub fn policy_to_json(rules: &CategoryRules, speed: Speed) -> serde_json::Value {
+    let mut json = rules_to_json(rules);
+    if speed != Speed::default() {
+        json[SPEED_KEY] = serde_json::Value::from(speed.as_str());
+    }
+    json
+}
+
+/// Reads a stored policy's rules and speed back, checking them as new ones
+/// are checked.
+pub fn policy_from_json(text: &str) -> Result<(CategoryRules, Speed), String> {
+    let mut map: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(text).map_err(|e| format!("stored policy rules: {e}"))?;
+    let speed = match map.remove(SPEED_KEY) {
+        None => Speed::default(),
+        Some(serde_json::Value::String(s)) => s
+            .parse()
+            .map_err(|e| format!("stored policy speed: {e}"))?,
+        Some(other) => return Err(format!("stored policy speed: {other}")),
+    };
     let mut rules = CategoryRules::default();
     for (name, value) in map {
         let c = Category::parse(&name).ok_or_else(|| format!("stored rule for {name:?}"))?;
@@ -170,7 +199,7 @@ pub fn rules_from_json(text: &str) -> Result<CategoryRules, String> {
         };
         rules.set(c, Some(rule));
     }
-    Ok(rules)
+    Ok((rules, speed))
 }
 
 /// A policy as stored, at its current version.
@@ -182,6 +211,7 @@ pub struct Policy {
     /// 1 when made, one more at every change.
     pub version: u32,
     pub rules: CategoryRules,
+    pub speed: Speed,
     /// Whether it is its account's default (for the keys without one of
     /// their own).
     pub is_default: bool,
@@ -195,6 +225,7 @@ pub struct PolicyVersion {
     pub version: u32,
     pub name: String,
     pub rules: CategoryRules,
+    pub speed: Speed,
     /// The e-mail of the dashboard user, or `cli` for the command line.
     pub changed_by: String,
     pub changed_at: DateTime<Utc>,
@@ -209,6 +240,7 @@ pub struct AppliedPolicy {
     pub name: String,
     pub version: u32,
     pub rules: CategoryRules,
+    pub speed: Speed,
 }
 
 /// What makes a new policy, or a new version of one.
@@ -216,6 +248,7 @@ pub struct AppliedPolicy {
 pub struct PolicyDraft {
     pub name: String,
     pub rules: CategoryRules,
+    pub speed: Speed,
     pub changed_by: String,
 }
 
@@ -239,7 +272,19 @@ mod tests {
         let json = rules_to_json(&rules);
         assert_eq!(json["hate"], 0.3);
         assert_eq!(json["violence"], "off");
-        assert_eq!(rules_from_json(&json.to_string()).unwrap(), rules);
+        assert_eq!(
+            policy_from_json(&json.to_string()).unwrap(),
+            (rules, Speed::Accurate)
+        );
+        let fast = policy_to_json(&rules, Speed::Fast);
+        assert_eq!(fast["speed"], "fast");
+        assert_eq!(
+            policy_from_json(&fast.to_string()).unwrap(),
+            (rules, Speed::Fast)
+        );
+        assert!(policy_from_json(r#"{"speed": "quick"}"#)
+            .unwrap_err()
+            .contains("unknown speed"));
 
         let unknown = rules_from_args(&args(&["hat=0.3"]), &[]).unwrap_err();
         assert!(unknown

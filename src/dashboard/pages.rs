@@ -276,6 +276,8 @@ pub struct PoliciesPage {
     pub policies: Vec<PolicyRow>,
     pub fields: Vec<RuleField>,
     pub name: String,
+    /// The speed the form's select shows: `accurate` or `fast`.
+    pub speed: String,
     /// Whether the form's "default" box is ticked.
     pub default_checked: bool,
     pub error: Option<String>,
@@ -289,6 +291,8 @@ pub struct PolicyPage {
     pub policy: PolicyRow,
     pub name: String,
     pub fields: Vec<RuleField>,
+    /// The speed the form's select shows: `accurate` or `fast`.
+    pub speed: String,
     /// Whether the form's "default" box is ticked: the policy is the
     /// account's default (or the refused form said so).
     pub default_checked: bool,

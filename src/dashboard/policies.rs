@@ -19,7 +19,7 @@ use super::session::SignedIn;
 use crate::access::policy::{category, policy_name, threshold};
 use crate::access::{AccountId, KeyId, Policy, PolicyDraft, PolicyError, PolicyId};
 use crate::http::AppState;
-use crate::moderation::{Category, CategoryRule, CategoryRules, Thresholds};
+use crate::moderation::{Category, CategoryRule, CategoryRules, Speed, Thresholds};
 
 /// Who a change by the dashboard is recorded as: the signed-in e-mail.
 fn author(user: &SignedIn) -> String {
@@ -35,16 +35,35 @@ pub fn rule_text(rule: Option<CategoryRule>) -> String {
     }
 }
 
-/// The rules in one line: only the categories with a rule.
-pub fn rules_summary(rules: &CategoryRules) -> String {
-    if rules.is_empty() {
-        return "all shipped".into();
-    }
-    rules
+/// The rules in one line: only the categories with a rule, then the
+/// speed when it is not the default.
+pub fn rules_summary(rules: &CategoryRules, speed: Speed) -> String {
+    let mut parts: Vec<String> = rules
         .iter()
         .map(|(c, rule)| format!("{} {}", c.as_str(), rule_text(Some(rule))))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    if parts.is_empty() {
+        parts.push("all shipped".into());
+    }
+    if speed != Speed::default() {
+        parts.push(format!("speed {speed}"));
+    }
+    parts.join(", ")
+}
+
+/// The speed a posted form chose (`accurate` when it says none).
+fn speed_from_form(form: &HashMap<String, String>) -> Result<Speed, PolicyError> {
+    Ok(match form.get("speed") {
+        None => Speed::default(),
+        Some(text) => text.parse()?,
+    })
+}
+
+/// The speed the form shows: what was sent after a refused post, else the
+/// policy's.
+fn form_speed(speed: Speed, sent: Option<&HashMap<String, String>>) -> String {
+    sent.and_then(|f| f.get("speed").cloned())
+        .unwrap_or_else(|| speed.as_str().to_owned())
 }
 
 /// The form's 11 rows, filled from `rules` (or, after a refused post, from
@@ -120,7 +139,7 @@ fn policy_row(p: &Policy) -> PolicyRow {
         name: p.name.clone(),
         version: p.version,
         is_default: p.is_default,
-        summary: rules_summary(&p.rules),
+        summary: rules_summary(&p.rules, p.speed),
         updated: when(p.updated_at),
     }
 }
@@ -155,6 +174,7 @@ async fn list_page(
         name: sent
             .and_then(|f| f.get("name").cloned())
             .unwrap_or_default(),
+        speed: form_speed(Speed::default(), sent),
         default_checked: sent.is_some_and(wants_default),
         error,
     };
@@ -170,6 +190,7 @@ fn draft_of(user: &SignedIn, form: &HashMap<String, String>) -> Result<PolicyDra
     Ok(PolicyDraft {
         name: policy_name(form.get("name").map(String::as_str).unwrap_or(""))?,
         rules: rules_from_form(form)?,
+        speed: speed_from_form(form)?,
         changed_by: author(user),
     })
 }
@@ -239,12 +260,13 @@ async fn policy_page(
             .unwrap_or_else(|| policy.name.clone()),
         default_checked: sent.map_or(policy.is_default, wants_default),
         fields: rule_fields(&state.engine.shipped_text_thresholds(), &policy.rules, sent),
+        speed: form_speed(policy.speed, sent),
         history: history
             .iter()
             .map(|v| VersionRow {
                 version: v.version,
                 name: v.name.clone(),
-                summary: rules_summary(&v.rules),
+                summary: rules_summary(&v.rules, v.speed),
                 changed_by: v.changed_by.clone(),
                 changed_at: when(v.changed_at),
             })

@@ -189,7 +189,9 @@ fn json_type(value: &serde_json::Value) -> &'static str {
 pub struct ModerateResponse {
     /// `modr_...`, equal to the `X-Request-Id` header.
     id: String,
-    /// The text model's id.
+    /// The models that judged, joined by `+`: the text path first
+    /// (`minilm-l6+e5-small-heads-V` on the accurate path,
+    /// `minilm-l6-heads-V` on the fast one), then the image models.
     model: String,
     /// True when any item or the combined text is flagged.
     flagged: bool,
@@ -217,6 +219,13 @@ struct ItemResult {
     flagged: bool,
     categories: CategoryFlags,
     category_scores: ScoreMap,
+    /// Text items only: the language the text is surely written in (ISO
+    /// 639-1, e.g. `de`), or `null` when unsure (short, mixed or
+    /// transliterated text). A text that is not surely English is read by
+    /// the multilingual encoder on the accurate path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, nullable = true, example = "en")]
+    language: Option<Option<&'static str>>,
     /// Images only: the categories some model actually judged; the others
     /// are 0 meaning not evaluated.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -517,7 +526,7 @@ pub async fn moderate(
         Ok(scored) => scored,
         Err(refused) => return Ok(refused),
     };
-    let model = state.engine.model_id();
+    let model = state.engine.model_id(pipeline::key_speed(&key));
     let policy = PolicyBody::of(&key);
     Ok(scored.respond(|moderation| response_body(request_id.0, model, moderation, policy)))
 }
@@ -559,9 +568,10 @@ fn response_body(
                 .and_then(Option::take)
                 .map(|list| list.into_iter().map(ExplanationBody::from).collect());
             match outcome {
-                ItemOutcome::Text(verdict) => {
+                ItemOutcome::Text { verdict, language } => {
                     let mut result = item_result(index, ResultKind::Text, &verdict, None, None);
                     result.explanations = explanations;
+                    result.language = Some(language.map(|l| l.code()));
                     result
                 }
                 ItemOutcome::Image {
@@ -632,6 +642,7 @@ fn item_result(
         categories: CategoryFlags(verdict.categories),
         category_scores: ScoreMap(verdict.scores),
         evaluated_categories: evaluated,
+        language: None,
         image_analysis: analysis,
         extracted_text: None,
         text_categories: None,

@@ -345,7 +345,7 @@ struct ModerationResult {
 impl ModerationResult {
     fn add(&mut self, outcome: &ItemOutcome) {
         match outcome {
-            ItemOutcome::Text(verdict) => self.add_text(verdict),
+            ItemOutcome::Text { verdict, .. } => self.add_text(verdict),
             ItemOutcome::Image {
                 verdict,
                 evaluated,
@@ -549,7 +549,7 @@ pub async fn moderations(
         Ok(scored) => scored,
         Err(refused) => return Ok(refused),
     };
-    let model = state.engine.model_id();
+    let model = state.engine.model_id(pipeline::key_speed(&key));
     let policy = PolicyBody::of(&key);
     Ok(scored.respond(|moderation| ModerationsResponse {
         id: request_id.0,

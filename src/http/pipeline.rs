@@ -19,7 +19,7 @@ use crate::config::{BudgetConfig, Limits};
 use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation};
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
-use crate::moderation::Category;
+use crate::moderation::{Category, Speed};
 
 /// The `policy` of a response: the policy the request was judged under;
 /// `null` when the key's account has none for it, so the shipped
@@ -33,6 +33,11 @@ pub struct PolicyBody {
     /// 1 when made, one more at every change.
     #[schema(minimum = 1)]
     version: u32,
+    /// The text path the policy chose: `accurate` (both encoders, the
+    /// default) or `fast` (the first stage alone). The response's `model`
+    /// names the path that judged.
+    #[schema(value_type = String, example = "accurate")]
+    speed: Speed,
 }
 
 impl PolicyBody {
@@ -42,8 +47,14 @@ impl PolicyBody {
             id: p.id.to_string(),
             name: p.name.clone(),
             version: p.version,
+            speed: p.speed,
         })
     }
+}
+
+/// The text path `key` is judged on: its policy's speed, else the default.
+pub fn key_speed(key: &AuthenticatedKey) -> Speed {
+    key.0.policy.as_ref().map(|p| p.speed).unwrap_or_default()
 }
 
 /// How a route names the field an item came from, for error messages:
@@ -113,9 +124,10 @@ pub async fn moderate(
     // The key's policy as read with the key (at most the key cache's TTL
     // old), the same one the response names.
     let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
+    let speed = key_speed(key);
     let moderation = state
         .engine
-        .moderate_with(items, analyze_images, &rules, explain)
+        .moderate_with(items, analyze_images, &rules, speed, explain)
         .await
         .map_err(|error| engine_error(error, &kinds, field))?;
     // Text read in images is known only once read: it counts as text
@@ -135,7 +147,7 @@ pub async fn moderate(
         .iter()
         .map(|o| match o {
             ItemOutcome::Image { bytes, .. } => *bytes as u64,
-            ItemOutcome::Text(_) => 0,
+            ItemOutcome::Text { .. } => 0,
         })
         .sum();
     Ok(Ok(Scored {

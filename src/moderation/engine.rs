@@ -18,6 +18,8 @@ use super::category::{
 };
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 use super::deadline::{Deadline, DeadlineExceeded};
+use super::speed::Speed;
+use super::text::language::{self, Language};
 use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpan, Span};
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
@@ -106,7 +108,12 @@ impl ImageText {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ItemOutcome {
-    Text(Verdict),
+    Text {
+        verdict: Verdict,
+        /// The language the text is surely in (ISO 639-1), `None` when the
+        /// detector is unsure.
+        language: Option<Language>,
+    },
     Image {
         /// The image models' verdict and its text's together: per category
         /// the higher score, flagged when either flags it.
@@ -125,7 +132,7 @@ pub enum ItemOutcome {
 impl ItemOutcome {
     pub fn verdict(&self) -> &Verdict {
         match self {
-            ItemOutcome::Text(v) | ItemOutcome::Image { verdict: v, .. } => v,
+            ItemOutcome::Text { verdict: v, .. } | ItemOutcome::Image { verdict: v, .. } => v,
         }
     }
 }
@@ -234,6 +241,7 @@ enum Lane {
 pub struct Engine {
     text: Arc<dyn TextClassifier>,
     text_thresholds: Thresholds,
+    fast_text: Option<FastText>,
     image: Option<Arc<dyn ImageClassifier>>,
     image_thresholds: Thresholds,
     image_limits: ImageLimits,
@@ -249,8 +257,13 @@ pub struct Engine {
 }
 
 pub struct EngineParts {
+    /// The default text path, and its thresholds (shipped, with the
+    /// operator's overrides).
     pub text: Arc<dyn TextClassifier>,
     pub text_thresholds: Thresholds,
+    /// The path of the policies that choose `speed = "fast"`, when it is
+    /// not the default one; `None`: every request takes `text`.
+    pub fast_text: Option<FastText>,
     pub image: Option<Arc<dyn ImageClassifier>>,
     pub image_thresholds: Thresholds,
     pub image_limits: ImageLimits,
@@ -258,6 +271,14 @@ pub struct EngineParts {
     /// `None`: images are judged by the image models only.
     pub ocr: Option<OcrParts>,
     pub budget: EngineBudget,
+}
+
+/// The fast text path (the first stage alone), with its own thresholds:
+/// its heads are not the accurate path's first stage, so neither are its
+/// thresholds.
+pub struct FastText {
+    pub classifier: Arc<dyn TextClassifier>,
+    pub thresholds: Thresholds,
 }
 
 /// An image item checked and sized, not decoded yet.
@@ -285,6 +306,7 @@ impl Engine {
         Engine {
             text: parts.text,
             text_thresholds: parts.text_thresholds,
+            fast_text: parts.fast_text,
             image: parts.image,
             image_thresholds: parts.image_thresholds,
             image_limits: parts.image_limits,
@@ -306,9 +328,18 @@ impl Engine {
         self.text_thresholds
     }
 
-    /// Classifier ids and versions, for the response's `model` field.
-    pub fn model_id(&self) -> String {
-        let mut parts = vec![self.text.model_id()];
+    /// The text model that judges requests at `speed`, and its thresholds.
+    fn text_path(&self, speed: Speed) -> (&Arc<dyn TextClassifier>, Thresholds) {
+        match (speed, &self.fast_text) {
+            (Speed::Fast, Some(fast)) => (&fast.classifier, fast.thresholds),
+            _ => (&self.text, self.text_thresholds),
+        }
+    }
+
+    /// Classifier ids and versions of the path that judges at `speed`, for
+    /// the response's `model` field.
+    pub fn model_id(&self, speed: Speed) -> String {
+        let mut parts = vec![self.text_path(speed).0.model_id()];
         if let Some(image) = &self.image {
             parts.push(image.model_id());
         }
@@ -326,21 +357,22 @@ impl Engine {
         analyze_images: bool,
         rules: &CategoryRules,
     ) -> Result<Moderation, EngineError> {
-        self.moderate_with(items, analyze_images, rules, Explain::No)
+        self.moderate_with(items, analyze_images, rules, Speed::default(), Explain::No)
             .await
     }
 
-    /// [`Engine::moderate`], with the explanations of the text verdicts
-    /// when `explain` asks for them.
+    /// [`Engine::moderate`] on the text path of `speed`, with the
+    /// explanations of the text verdicts when `explain` asks for them.
     pub async fn moderate_with(
         &self,
         items: Vec<Item>,
         analyze_images: bool,
         rules: &CategoryRules,
+        speed: Speed,
         explain: Explain,
     ) -> Result<Moderation, EngineError> {
         let deadline = Deadline::after(self.budget.deadline);
-        self.moderate_within(items, analyze_images, rules, explain, &deadline)
+        self.moderate_within(items, analyze_images, rules, speed, explain, &deadline)
             .await
     }
 
@@ -353,10 +385,13 @@ impl Engine {
         items: Vec<Item>,
         analyze_images: bool,
         rules: &CategoryRules,
+        speed: Speed,
         explain: Explain,
         deadline: &Deadline,
     ) -> Result<Moderation, EngineError> {
-        let text_thresholds = self.text_thresholds.under(rules);
+        let (text_model, text_thresholds) = self.text_path(speed);
+        let text_model = text_model.clone();
+        let text_thresholds = text_thresholds.under(rules);
         let image_thresholds = self.image_thresholds.under(rules);
         let texts: Vec<(usize, String)> = items
             .iter()
@@ -392,11 +427,11 @@ impl Engine {
             // the images are read first.
             let (scored, analyses) = images_job.await?;
             let parts = text_parts(&texts, &scored);
-            let scored_texts = self.score_texts(&parts, explain, deadline).await?;
+            let scored_texts = self.score_texts(&text_model, &parts, explain, deadline).await?;
             (parts, scored_texts, scored, analyses)
         } else {
             let (text_scores, images) =
-                tokio::join!(self.score_texts(&texts, explain, deadline), images_job);
+                tokio::join!(self.score_texts(&text_model, &texts, explain, deadline), images_job);
             let (scored, analyses) = images?;
             (texts, text_scores?, scored, analyses)
         };
@@ -416,7 +451,10 @@ impl Engine {
                     verdict,
                 });
             } else {
-                outcomes[*index] = Some(ItemOutcome::Text(verdict));
+                outcomes[*index] = Some(ItemOutcome::Text {
+                    verdict,
+                    language: language::detect(text).language(),
+                });
             }
         }
         let mut deep_analyses = 0;
@@ -661,6 +699,7 @@ impl Engine {
     /// With `explain`, also the evidence behind the scores.
     async fn score_texts(
         &self,
+        classifier: &Arc<dyn TextClassifier>,
         texts: &[(usize, String)],
         explain: Explain,
         deadline: &Deadline,
@@ -682,7 +721,7 @@ impl Engine {
         } else {
             Lane::Heavy
         };
-        let classifier = self.text.clone();
+        let classifier = classifier.clone();
         let job_deadline = deadline.clone();
         let scored = self
             .on_cpu(lane, deadline, move || {
@@ -937,6 +976,7 @@ mod tests {
         Engine::new(EngineParts {
             text: Arc::new(classifier),
             text_thresholds: Thresholds::uniform(0.5),
+            fast_text: None,
             image: None,
             image_thresholds: Thresholds::uniform(0.5),
             image_limits: crate::config::Config::embedded_defaults().limits.image,

@@ -8,6 +8,7 @@ mod deadline;
 pub(crate) mod engine;
 pub mod explain;
 pub mod image;
+mod speed;
 pub mod text;
 
 pub use category::{
@@ -16,4 +17,5 @@ pub use category::{
 };
 pub use classifier::{ExplainedScores, ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 pub use deadline::{Deadline, DeadlineExceeded};
+pub use speed::{Speed, UnknownSpeed};
 pub use text::lexical::LexicalClassifier;

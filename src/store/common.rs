@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use std::str::FromStr;
 
 use super::StoreError;
-use crate::access::policy::{rules_from_json, AppliedPolicy, PolicyId};
+use crate::access::policy::{policy_from_json, AppliedPolicy, PolicyId};
 use crate::access::{
     AccountId, ApiKeyRecord, Email, Endpoint, KeyId, KeyOwner, Plan, Tier, UsageEvent,
 };
@@ -262,11 +262,13 @@ pub(super) fn applied_policy(
     let (Some(id), Some(name), Some(version), Some(rules)) = (id, name, version, rules) else {
         return Ok(None);
     };
+    let (rules, speed) = policy_from_json(rules).map_err(StoreError::Other)?;
     Ok(Some(AppliedPolicy {
         id: parse_policy_id(id)?,
         name,
         version: from_stored(version, "policy version")?,
-        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+        rules,
+        speed,
     }))
 }
 

@@ -16,7 +16,7 @@ use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
     Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
 };
-use crate::access::policy::{rules_from_json, rules_to_json};
+use crate::access::policy::{policy_from_json, policy_to_json};
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Policy, PolicyDraft,
     PolicyId, PolicyVersion, Tier, UsageEvent,
@@ -701,7 +701,7 @@ impl Store for PostgresStore {
         make_default: bool,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let rules = rules_to_json(&draft.rules).to_string();
+        let rules = policy_to_json(&draft.rules, draft.speed).to_string();
         let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
         sqlx::query(
             "INSERT INTO policies (id, account_id, name, version, rules, created_at, updated_at) \
@@ -734,7 +734,7 @@ impl Store for PostgresStore {
         draft: &PolicyDraft,
         at: DateTime<Utc>,
     ) -> Result<Option<u32>, StoreError> {
-        let rules = rules_to_json(&draft.rules).to_string();
+        let rules = policy_to_json(&draft.rules, draft.speed).to_string();
         let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
         // The row lock of the UPDATE orders concurrent changes: each gets
         // its own version.
@@ -821,10 +821,12 @@ impl Store for PostgresStore {
             .map(|r| {
                 let version: i32 = r.try_get("version").map_err(map_sqlx)?;
                 let rules: &str = r.try_get("rules").map_err(map_sqlx)?;
+                let (rules, speed) = policy_from_json(rules).map_err(StoreError::Other)?;
                 Ok(PolicyVersion {
                     version: from_stored(version, "policy version")?,
                     name: r.try_get("name").map_err(map_sqlx)?,
-                    rules: rules_from_json(rules).map_err(StoreError::Other)?,
+                    rules,
+                    speed,
                     changed_by: r.try_get("changed_by").map_err(map_sqlx)?,
                     changed_at: r.try_get("changed_at").map_err(map_sqlx)?,
                 })
@@ -1063,12 +1065,14 @@ fn policy_from_row(row: &PgRow) -> Result<Policy, StoreError> {
     let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
     let version: i32 = row.try_get("version").map_err(map_sqlx)?;
     let rules: &str = row.try_get("rules").map_err(map_sqlx)?;
+    let (rules, speed) = policy_from_json(rules).map_err(StoreError::Other)?;
     Ok(Policy {
         id: parse_policy_id(id)?,
         account_id: parse_account_id(account)?,
         name: row.try_get("name").map_err(map_sqlx)?,
         version: from_stored(version, "policy version")?,
-        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+        rules,
+                    speed,
         is_default: row.try_get("is_default").map_err(map_sqlx)?,
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
         updated_at: row.try_get("updated_at").map_err(map_sqlx)?,

@@ -24,7 +24,7 @@ use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
     Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
 };
-use crate::access::policy::{rules_from_json, rules_to_json};
+use crate::access::policy::{policy_from_json, policy_to_json};
 use crate::access::{
     Account, AccountId, ApiKeyRecord, Email, KeyId, PasswordHash, Plan, Policy, PolicyDraft,
     PolicyId, PolicyVersion, Tier, UsageEvent,
@@ -807,7 +807,7 @@ impl Store for SqliteStore {
         make_default: bool,
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let rules = rules_to_json(&draft.rules).to_string();
+        let rules = policy_to_json(&draft.rules, draft.speed).to_string();
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -844,7 +844,7 @@ impl Store for SqliteStore {
         draft: &PolicyDraft,
         at: DateTime<Utc>,
     ) -> Result<Option<u32>, StoreError> {
-        let rules = rules_to_json(&draft.rules).to_string();
+        let rules = policy_to_json(&draft.rules, draft.speed).to_string();
         // IMMEDIATE: one writer at a time, so each change gets its own version.
         let mut tx = self
             .pool
@@ -933,11 +933,13 @@ impl Store for SqliteStore {
             .map(|r| {
                 let version: i64 = r.try_get("version").map_err(map_sqlx)?;
                 let rules: &str = r.try_get("rules").map_err(map_sqlx)?;
+                let (rules, speed) = policy_from_json(rules).map_err(StoreError::Other)?;
                 let changed_at: &str = r.try_get("changed_at").map_err(map_sqlx)?;
                 Ok(PolicyVersion {
                     version: from_stored(version, "policy version")?,
                     name: r.try_get("name").map_err(map_sqlx)?,
-                    rules: rules_from_json(rules).map_err(StoreError::Other)?,
+                    rules,
+                    speed,
                     changed_by: r.try_get("changed_by").map_err(map_sqlx)?,
                     changed_at: parse_timestamp(changed_at)?,
                 })
@@ -1154,6 +1156,7 @@ fn policy_from_row(row: &SqliteRow) -> Result<Policy, StoreError> {
     let account: &str = row.try_get("account_id").map_err(map_sqlx)?;
     let version: i64 = row.try_get("version").map_err(map_sqlx)?;
     let rules: &str = row.try_get("rules").map_err(map_sqlx)?;
+    let (rules, speed) = policy_from_json(rules).map_err(StoreError::Other)?;
     let created_at: &str = row.try_get("created_at").map_err(map_sqlx)?;
     let updated_at: &str = row.try_get("updated_at").map_err(map_sqlx)?;
     Ok(Policy {
@@ -1161,7 +1164,8 @@ fn policy_from_row(row: &SqliteRow) -> Result<Policy, StoreError> {
         account_id: parse_account_id(account)?,
         name: row.try_get("name").map_err(map_sqlx)?,
         version: from_stored(version, "policy version")?,
-        rules: rules_from_json(rules).map_err(StoreError::Other)?,
+        rules,
+                    speed,
         is_default: row.try_get("is_default").map_err(map_sqlx)?,
         created_at: parse_timestamp(created_at)?,
         updated_at: parse_timestamp(updated_at)?,

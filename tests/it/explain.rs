@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::access::Tier;
+use moderato::moderation::Speed;
 use moderato::config::TextClassifierKind;
 
 /// Harmless sentences of ordinary length (each well over the chunker's
@@ -137,7 +138,7 @@ async fn a_threat_in_a_long_post_is_pinpointed(backend: Backend) {
 /// The same with the second stage on (`text_model.second_stage`), whose
 /// reading of the whole post must not dilute the threat.
 async fn a_threat_in_a_long_post_is_pinpointed_with_the_second_stage(backend: Backend) {
-    let app = spawn_app_with(backend, |c| c.text_model.second_stage = true).await;
+    let app = spawn_app_with(backend, |c| c.text_model.speed = Speed::Accurate).await;
     threat_in_a_long_post_pinpointed(app).await;
 }
 

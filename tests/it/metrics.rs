@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::access::Tier;
+use moderato::moderation::Speed;
 
 /// One scrape: each series (`name{a="x",b="y"}`, labels sorted) to its value.
 struct Scrape(BTreeMap<String, f64>);
@@ -250,7 +251,7 @@ async fn counters_move_when_requests_are_made(backend: Backend) {
 /// least each counter moved is known).
 async fn the_second_stage_counts_what_it_reads_again(backend: Backend) {
     let (app, metrics) =
-        spawn_app_with_metrics(backend, |c| c.text_model.second_stage = true).await;
+        spawn_app_with_metrics(backend, |c| c.text_model.speed = Speed::Accurate).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
     let before = Scrape::take(&app.client, &metrics).await;
     // Never sent before in this process, so its first reading is encoded.

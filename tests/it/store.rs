@@ -13,7 +13,7 @@ use moderato::access::{
     Account, AccountId, ApiKeyRecord, Email, Endpoint, KeyId, PasswordHash, Plan, PolicyDraft,
     PolicyId, Role, Tier, UsageEvent,
 };
-use moderato::moderation::{Category, CategoryRule, CategoryRules, Threshold};
+use moderato::moderation::{Category, CategoryRule, CategoryRules, Speed, Threshold};
 use moderato::store::{
     self, BillingRow, NewAccountKey, NewSession, Period, PolicyUsageRow, PostgresStore, SessionUse,
     SignInFailures, SqliteStore, Store, StoreError,
@@ -1474,6 +1474,7 @@ fn draft(name: &str, off: &[Category], by: &str) -> PolicyDraft {
     PolicyDraft {
         name: name.into(),
         rules,
+        speed: Speed::default(),
         changed_by: by.into(),
     }
 }
@@ -1559,6 +1560,7 @@ async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
     // another account.
     let t2 = at(2026, 5, 2, 11, 30, 0);
     let mut changed = draft("strict", &[Category::Hate, Category::Violence], "cli");
+    changed.speed = Speed::Fast;
     changed.rules.set(
         Category::Sexual,
         Some(CategoryRule::Threshold(Threshold::new(0.25).unwrap())),
@@ -1580,6 +1582,7 @@ async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
         .unwrap();
     assert_eq!(applied.version, 2);
     assert_eq!(applied.rules, changed.rules);
+    assert_eq!(applied.speed, Speed::Fast, "the key reads the policy's speed");
     let history = store.policy_history(&a.id, &pa).await.unwrap();
     let seen: Vec<(u32, &str, DateTime<Utc>)> = history
         .iter()
@@ -1587,6 +1590,11 @@ async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
         .collect();
     assert_eq!(seen, [(2, "cli", t2), (1, "a@example.com", t1)]);
     assert_eq!(history[1].rules, strict.rules);
+    assert_eq!(
+        (history[0].speed, history[1].speed),
+        (Speed::Fast, Speed::Accurate),
+        "each version keeps the speed it had"
+    );
     assert!(store.policy_history(&b.id, &pa).await.unwrap().is_empty());
     assert!(store.get_policy(&b.id, &pa).await.unwrap().is_none());
     let listed = store.account_policies(&a.id).await.unwrap();

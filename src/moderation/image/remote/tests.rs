@@ -497,6 +497,7 @@ fn engine(budget: EngineBudget) -> Engine {
     Engine::new(EngineParts {
         text: Arc::new(NullClassifier),
         text_thresholds: Thresholds::uniform(0.5),
+        fast_text: None,
         image: Some(Arc::new(Fixed)),
         image_thresholds: Thresholds::uniform(0.5),
         image_limits: crate::config::Config::embedded_defaults().limits.image,

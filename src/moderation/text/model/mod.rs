@@ -27,6 +27,7 @@ mod q4;
 use std::borrow::Cow;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use encoder::{WindowConfig, EMBEDDING_DIM};
 pub use files::MINILM_DIR;
@@ -37,6 +38,7 @@ use encoder::MiniLm;
 use heads::Heads;
 
 use super::evidence::{combined_lexicon_evidence, lexicon_evidence};
+use super::language;
 use super::lexical::LexicalClassifier;
 use super::ngrams::{self, NgramModel, SHIPPED_NGRAM_MODEL};
 use super::normalize::{self, normalize_traced, OffsetMap, Options, Repeats};
@@ -91,10 +93,26 @@ pub enum TextModelError {
     Inference(#[from] candle_core::Error),
 }
 
+/// The n-gram model `bytes`, refused when the heads name another (by its
+/// sha256) as the one they were trained with.
+fn ngrams_for(heads: &Heads, bytes: &[u8]) -> Result<NgramModel, TextModelError> {
+    if let Some(expected) = &heads.ngram_model {
+        let actual = ngrams::sha256_hex(bytes);
+        if *expected != actual {
+            return Err(TextModelError::Invalid(format!(
+                "the heads were trained with the n-gram model {expected}, not {actual}"
+            )));
+        }
+    }
+    NgramModel::parse(bytes).map_err(|e| TextModelError::Invalid(e.to_string()))
+}
+
 /// MiniLM embeddings and lexical features + per-category heads.
 /// `Send + Sync`; inference is blocking and CPU-bound.
 pub struct EmbeddingClassifier {
-    encoder: MiniLm,
+    /// Shared by the accurate and the fast path (see
+    /// [`EmbeddingClassifier::sibling`]): one copy in memory, one cache.
+    encoder: Arc<MiniLm>,
     /// The second encoder, loaded when the heads have an e5 block.
     e5: Option<E5>,
     heads: Heads,
@@ -155,16 +173,7 @@ impl EmbeddingClassifier {
         ngram_model: &[u8],
     ) -> Result<EmbeddingClassifier, TextModelError> {
         let heads = Heads::parse(heads_json)?;
-        if let Some(expected) = &heads.ngram_model {
-            let actual = ngrams::sha256_hex(ngram_model);
-            if *expected != actual {
-                return Err(TextModelError::Invalid(format!(
-                    "the heads were trained with the n-gram model {expected}, not {actual}"
-                )));
-            }
-        }
-        let ngrams =
-            NgramModel::parse(ngram_model).map_err(|e| TextModelError::Invalid(e.to_string()))?;
+        let ngrams = ngrams_for(&heads, ngram_model)?;
         let adapter = match (&heads.encoder_adapter, adapter) {
             (None, _) => None,
             (Some(sha256), Some(bytes)) => Some(adapter::Adapter::verified(bytes, sha256)?),
@@ -174,7 +183,38 @@ impl EmbeddingClassifier {
                 )))
             }
         };
-        let encoder = MiniLm::load(&models_dir.join(MINILM_DIR), adapter.as_ref())?;
+        let encoder = Arc::new(MiniLm::load(
+            &models_dir.join(MINILM_DIR),
+            adapter.as_ref(),
+        )?);
+        EmbeddingClassifier::with_encoder(models_dir, encoder, heads, ngrams)
+    }
+
+    /// Another classifier on this one's MiniLM encoder (and its embedding
+    /// cache) with the shipped `heads_json`: the fast path beside the
+    /// accurate one costs its heads only. Heads trained on an encoder
+    /// adapter need their own encoder and are refused here.
+    pub fn sibling(
+        &self,
+        models_dir: &Path,
+        heads_json: &str,
+    ) -> Result<EmbeddingClassifier, TextModelError> {
+        let heads = Heads::parse(heads_json)?;
+        if heads.encoder_adapter.is_some() {
+            return Err(TextModelError::Invalid(
+                "heads trained on an encoder adapter cannot share the base encoder".into(),
+            ));
+        }
+        let ngrams = ngrams_for(&heads, SHIPPED_NGRAM_MODEL)?;
+        EmbeddingClassifier::with_encoder(models_dir, self.encoder.clone(), heads, ngrams)
+    }
+
+    fn with_encoder(
+        models_dir: &Path,
+        encoder: Arc<MiniLm>,
+        heads: Heads,
+        ngrams: NgramModel,
+    ) -> Result<EmbeddingClassifier, TextModelError> {
         let e5 = match heads.e5.as_ref() {
             None => None,
             Some(block) => {
@@ -202,7 +242,10 @@ impl EmbeddingClassifier {
     /// (none with 0, the default): repeated sentences then skip the
     /// encoders.
     pub fn with_embedding_cache(mut self, entries: usize) -> EmbeddingClassifier {
-        self.encoder.set_cache(entries);
+        // Only before the encoder is shared: a sibling takes this cache.
+        if let Some(encoder) = Arc::get_mut(&mut self.encoder) {
+            encoder.set_cache(entries);
+        }
         if let Some(e5) = &mut self.e5 {
             e5.set_cache(entries);
         }
@@ -573,8 +616,16 @@ impl EmbeddingClassifier {
         let (Some(block), Some(e5)) = (&self.heads.e5, &self.e5) else {
             return Ok(());
         };
+        // A text that is not surely English is read whatever the first
+        // stage thinks of it: its encoder reads English, and on another
+        // language (or a mixed or transliterated text) a low first-stage
+        // score says little.
+        let english: Vec<bool> = texts
+            .iter()
+            .map(|t| language::detect(t).is_english())
+            .collect();
         let consulted: Vec<usize> = (0..texts.len())
-            .filter(|&i| block.consulted(&scores[i]))
+            .filter(|&i| !english[i] || block.consulted(&scores[i]))
             .collect();
         if consulted.is_empty() {
             return Ok(());
@@ -594,7 +645,7 @@ impl EmbeddingClassifier {
             .into_iter();
         for (&i, v) in consulted.iter().zip(&views) {
             let read: Vec<Vec<Vec<f32>>> = windows.by_ref().take(v.len()).collect();
-            scores[i] = self.heads.with_e5(scores[i], &read);
+            scores[i] = self.heads.with_e5(scores[i], &read, english[i]);
         }
         Ok(())
     }
@@ -757,8 +808,16 @@ fn into_anyhow(e: TextModelError) -> anyhow::Error {
 }
 
 impl TextClassifier for EmbeddingClassifier {
+    /// Names the encoders that read the text, so a response says which path
+    /// judged it: `minilm-l6-heads-V` (the first stage alone) or
+    /// `minilm-l6+e5-small-heads-V` (with the second stage).
     fn model_id(&self) -> String {
-        format!("minilm-l6-heads-{}", self.heads.version)
+        let encoders = if self.e5.is_some() {
+            "minilm-l6+e5-small"
+        } else {
+            "minilm-l6"
+        };
+        format!("{encoders}-heads-{}", self.heads.version)
     }
 
     fn score_batch(&self, texts: &[&str]) -> anyhow::Result<Vec<CategoryScores>> {
