@@ -79,7 +79,20 @@ pub fn env_for(config: &Config, dir: &Path) -> Vec<(String, String)> {
 impl ChildServer {
     /// Starts `moderato serve` and waits until it listens.
     pub fn start(env: &[(String, String)]) -> ChildServer {
-        let mut process = Command::new(env!("CARGO_BIN_EXE_moderato"))
+        ChildServer::spawn(Command::new(env!("CARGO_BIN_EXE_moderato")), env)
+    }
+
+    /// Starts `moderato serve` in `dir`, so that the defaults' relative
+    /// paths (`data/moderato.db`, the pepper, the signing key, the journal)
+    /// land there, and waits until it listens. `env` must ask for JSON logs.
+    pub fn start_in(dir: &Path, env: &[(String, String)]) -> ChildServer {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_moderato"));
+        command.current_dir(dir);
+        ChildServer::spawn(command, env)
+    }
+
+    fn spawn(mut command: Command, env: &[(String, String)]) -> ChildServer {
+        let mut process = command
             .arg("serve")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::piped())

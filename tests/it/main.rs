@@ -12,6 +12,7 @@ mod browser;
 mod budget;
 mod connections;
 mod dashboard;
+mod docs;
 mod edge;
 mod explain;
 mod images;

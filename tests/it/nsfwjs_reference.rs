@@ -10,7 +10,7 @@ use moderato::moderation::image::decode::{decode, ImageFormat};
 use moderato::moderation::image::nsfw::{NsfwClassifier, CLASSES, MODEL_ID};
 use moderato::moderation::{Category, ImageClassifier};
 
-/// The README's figure. The largest difference measured is 1.07e-6 (about
+/// The figure docs/models.md gives. The largest difference measured is 1.07e-6 (about
 /// 18 f32 steps near 1.0), so 1e-6 itself would not hold.
 const TOLERANCE: f32 = 2e-6;
 

@@ -5,7 +5,7 @@
 //! from the PyPI wheel of onnxruntime (`scripts/fetch-onnxruntime.sh`),
 //! installed beside the models, checked against its pin and loaded at run
 //! time from there (nothing is linked at build time); on two cores it runs
-//! the detector more than ten times faster than tract did (README, OCR).
+//! the detector more than ten times faster than tract did (docs/models.md, OCR).
 //!
 //! Reading one image: the detector's probability map of text pixels (one
 //! pass over the image, scaled to at most `max_side`), the text boxes drawn
@@ -117,8 +117,8 @@ pub struct Ocr {
     detector: Mutex<Session>,
     /// `threads` single-threaded sessions: an image's lines are read side by
     /// side, one a session, which uses the cores better than one session
-    /// splitting each small line's convolutions between threads (see the
-    /// README, OCR speed).
+    /// splitting each small line's convolutions between threads (see
+    /// docs/performance.md, OCR speed).
     recognisers: Vec<Mutex<Session>>,
     dictionary: Dictionary,
 }

@@ -131,7 +131,7 @@ impl MiniLm {
     /// the cores ([`int8_matmul::Call`]): alone, its products are split
     /// across the pool; while others wait, they are not. On 2 cores under
     /// 8 concurrent requests that served 15-25 % more short requests a
-    /// second and cut their p99 from about 160 to 60 ms (README, speed).
+    /// second and cut their p99 from about 160 to 60 ms (docs/performance.md, concurrent requests).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         let _call = int8_matmul::Call::enter();
         self.pool.install(f)
