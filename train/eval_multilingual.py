@@ -95,7 +95,7 @@ def main():
         i = args.index("--sample")
         sample = int(args[i + 1])
         del args[i : i + 2]
-    paths = [Path(a) for a in args] or [ROOT / "assets" / "text-model" / "heads-e5.json"]
+    paths = [Path(a).resolve() for a in args] or [ROOT / "assets" / "text-model" / "heads-e5.json"]
     rows = cases(sample)
     for path in paths:
         version, out = report(path, rows)

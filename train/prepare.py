@@ -269,8 +269,8 @@ MINOR_MENTIONS = ("son", "daughter", "kids", "children", "toddler", "brother", "
 def own_data():
     out = []
     for path in sorted((ROOT / "train" / "data").glob("*.jsonl")):
-        if path == REAL_LABELS:
-            continue  # ids of real texts, not written rows: see real()
+        if path in (REAL_LABELS, REAL_LABELS_ML):
+            continue  # ids of real texts, not written rows: see real(), multilingual()
         for line in open(path, encoding="utf-8", errors="replace"):
             d = json.loads(line)
             if isinstance(d["labels"], dict):
