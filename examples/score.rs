@@ -25,7 +25,8 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: score HEADS.json IN.jsonl OUT.jsonl");
     };
     let heads = std::fs::read_to_string(heads).with_context(|| format!("reading {heads}"))?;
-    let model = EmbeddingClassifier::load_with_heads(&moderato::config::repository_models_dir(), &heads)?;
+    let model =
+        EmbeddingClassifier::load_with_heads(&moderato::config::repository_models_dir(), &heads)?;
     let texts = read_texts(input)?;
     let mut out = BufWriter::new(
         std::fs::File::create(output).with_context(|| format!("creating {output}"))?,
@@ -39,7 +40,11 @@ fn main() -> anyhow::Result<()> {
                 .map(|(c, v)| (c.as_str().to_owned(), serde_json::Value::from(v)))
                 .collect();
             let language = language::detect(text).language().map(|l| l.code());
-            writeln!(out, "{}", serde_json::json!({"scores": map, "language": language}))?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"scores": map, "language": language})
+            )?;
         }
         eprint!("\rscored {}/{}", c * CHUNK + chunk.len(), texts.len());
     }

@@ -177,9 +177,9 @@ pub fn policy_from_json(text: &str) -> Result<(CategoryRules, Speed), String> {
         serde_json::from_str(text).map_err(|e| format!("stored policy rules: {e}"))?;
     let speed = match map.remove(SPEED_KEY) {
         None => Speed::default(),
-        Some(serde_json::Value::String(s)) => s
-            .parse()
-            .map_err(|e| format!("stored policy speed: {e}"))?,
+        Some(serde_json::Value::String(s)) => {
+            s.parse().map_err(|e| format!("stored policy speed: {e}"))?
+        }
         Some(other) => return Err(format!("stored policy speed: {other}")),
     };
     let mut rules = CategoryRules::default();

@@ -18,8 +18,6 @@ use super::category::{
 };
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 use super::deadline::{Deadline, DeadlineExceeded};
-use super::speed::Speed;
-use super::text::language::{self, Language};
 use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpan, Span};
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
@@ -27,6 +25,8 @@ use super::image::decode::{
 use super::image::ocr::{Ocr, OcrError, ReadLimits, ReadText};
 use super::image::remote::{FetchError, RemoteImageUrl};
 use super::image::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
+use super::speed::Speed;
+use super::text::language::{self, Language};
 
 /// Images up to this many pixels (a 2560×1600 screen) are light jobs.
 const LIGHT_IMAGE_PIXELS: u64 = 4_096_000;
@@ -427,11 +427,15 @@ impl Engine {
             // the images are read first.
             let (scored, analyses) = images_job.await?;
             let parts = text_parts(&texts, &scored);
-            let scored_texts = self.score_texts(&text_model, &parts, explain, deadline).await?;
+            let scored_texts = self
+                .score_texts(&text_model, &parts, explain, deadline)
+                .await?;
             (parts, scored_texts, scored, analyses)
         } else {
-            let (text_scores, images) =
-                tokio::join!(self.score_texts(&text_model, &texts, explain, deadline), images_job);
+            let (text_scores, images) = tokio::join!(
+                self.score_texts(&text_model, &texts, explain, deadline),
+                images_job
+            );
             let (scored, analyses) = images?;
             (texts, text_scores?, scored, analyses)
         };

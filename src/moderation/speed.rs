@@ -62,6 +62,9 @@ mod tests {
         assert_eq!(" accurate ".parse(), Ok(Speed::Accurate));
         assert_eq!(Speed::default(), Speed::Accurate);
         let err = "quick".parse::<Speed>().unwrap_err();
-        assert!(err.to_string().contains("\"accurate\" or \"fast\""), "{err}");
+        assert!(
+            err.to_string().contains("\"accurate\" or \"fast\""),
+            "{err}"
+        );
     }
 }

@@ -1072,7 +1072,7 @@ fn policy_from_row(row: &PgRow) -> Result<Policy, StoreError> {
         name: row.try_get("name").map_err(map_sqlx)?,
         version: from_stored(version, "policy version")?,
         rules,
-                    speed,
+        speed,
         is_default: row.try_get("is_default").map_err(map_sqlx)?,
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
         updated_at: row.try_get("updated_at").map_err(map_sqlx)?,

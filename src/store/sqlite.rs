@@ -1165,7 +1165,7 @@ fn policy_from_row(row: &SqliteRow) -> Result<Policy, StoreError> {
         name: row.try_get("name").map_err(map_sqlx)?,
         version: from_stored(version, "policy version")?,
         rules,
-                    speed,
+        speed,
         is_default: row.try_get("is_default").map_err(map_sqlx)?,
         created_at: parse_timestamp(created_at)?,
         updated_at: parse_timestamp(updated_at)?,

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::access::Tier;
-use moderato::moderation::Speed;
 use moderato::config::TextClassifierKind;
+use moderato::moderation::Speed;
 
 /// Harmless sentences of ordinary length (each well over the chunker's
 /// eight-token minimum, so that each is a chunk of its own).

@@ -27,6 +27,7 @@ mod openapi;
 mod policies;
 mod signatures;
 mod signup;
+mod speed;
 mod store;
 mod text_model;
 mod usage;

@@ -1582,7 +1582,11 @@ async fn policies_are_versioned_kept_apart_and_read_with_the_key(ctx: Ctx) {
         .unwrap();
     assert_eq!(applied.version, 2);
     assert_eq!(applied.rules, changed.rules);
-    assert_eq!(applied.speed, Speed::Fast, "the key reads the policy's speed");
+    assert_eq!(
+        applied.speed,
+        Speed::Fast,
+        "the key reads the policy's speed"
+    );
     let history = store.policy_history(&a.id, &pa).await.unwrap();
     let seen: Vec<(u32, &str, DateTime<Utc>)> = history
         .iter()

@@ -784,7 +784,6 @@ fn is_email_local_part(text: &str, start: usize, end: usize) -> bool {
     at_inside && after.next() == Some('.') && after.next().is_some_and(char::is_alphanumeric)
 }
 
-
 fn is_single_char(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some() && chars.next().is_none()
@@ -1117,7 +1116,10 @@ mod tests {
     fn letters_spread_with_runs_of_spaces_are_rejoined_word_by_word() {
         assert_eq!(n("k  i  l  l"), "kill");
         assert_eq!(n("k i l l   y o u r s e l f now"), "kill   yourself now");
-        assert_eq!(n("k  i  l  l     y  o  u  r  s  e  l  f"), "kill     yourself");
+        assert_eq!(
+            n("k  i  l  l     y  o  u  r  s  e  l  f"),
+            "kill     yourself"
+        );
         assert_eq!(n("k   i   l   l  y o u"), "k   i   l   l  you");
         assert_eq!(n("I will k    i    l    l you"), "i will kill you");
         // Beyond MAX_SPACE_GAP spaces it is layout, not spelling.

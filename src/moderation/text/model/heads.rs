@@ -113,6 +113,11 @@ struct E5Spec {
     /// absent: as English is.
     #[serde(default)]
     other_languages: OtherLanguages,
+    /// With `other_languages` "alone": the heads that judge a text in
+    /// another language (fitted on real text in several languages beside
+    /// English rows); absent: `heads`.
+    #[serde(default)]
+    other_heads: Option<HashMap<String, E5HeadSpec>>,
     heads: HashMap<String, E5HeadSpec>,
 }
 
@@ -275,6 +280,8 @@ pub struct E5Block {
     other_languages: OtherLanguages,
     /// Indexed by category; `None` where the second encoder has no head.
     heads: Vec<Option<E5Head>>,
+    /// The heads for other languages, indexed likewise (`None`: `heads`).
+    other_heads: Option<Vec<Option<E5Head>>>,
 }
 
 struct E5Head {
@@ -323,8 +330,12 @@ impl E5Block {
             return;
         }
         let alone = !english && self.other_languages == OtherLanguages::Alone;
+        let heads = match (&self.other_heads, alone) {
+            (Some(other), true) => other,
+            _ => &self.heads,
+        };
         for c in Category::ALL {
-            if let Some(head) = &self.heads[c.index()] {
+            if let Some(head) = &heads[c.index()] {
                 let reading = views
                     .iter()
                     .filter(|windows| !windows.is_empty())
@@ -553,8 +564,42 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         ));
     }
     let mut keep = spec.keep;
+    let heads = e5_heads(spec.heads, &mut keep)?;
+    if let Some(name) = keep.keys().next() {
+        return Err(invalid(format!(
+            "e5: keep names {name}, which has no e5 head"
+        )));
+    }
+    let other_heads = match spec.other_heads {
+        Some(specs) if spec.other_languages == OtherLanguages::Alone => {
+            Some(e5_heads(specs, &mut HashMap::new())?)
+        }
+        Some(_) => {
+            return Err(invalid(
+                "e5: other_heads are read only with other_languages \"alone\"".into(),
+            ))
+        }
+        None => None,
+    };
+    Ok(E5Block {
+        gate: spec.gate,
+        weight: spec.weight,
+        pool: spec.pool,
+        layers: spec.layers,
+        window: spec.window,
+        other_languages: spec.other_languages,
+        heads,
+        other_heads,
+    })
+}
+
+/// e5 heads by category from their specs, each taking its `keep` entry.
+fn e5_heads(
+    specs: HashMap<String, E5HeadSpec>,
+    keep: &mut HashMap<String, f32>,
+) -> Result<Vec<Option<E5Head>>, TextModelError> {
     let mut heads: Vec<Option<E5Head>> = Category::ALL.iter().map(|_| None).collect();
-    for (name, head) in spec.heads {
+    for (name, head) in specs {
         let c = category(&name)?;
         if head.w.len() != E5_DIM {
             return Err(invalid(format!(
@@ -576,20 +621,7 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
             keep: keep.remove(&name),
         });
     }
-    if let Some(name) = keep.keys().next() {
-        return Err(invalid(format!(
-            "e5: keep names {name}, which has no e5 head"
-        )));
-    }
-    Ok(E5Block {
-        gate: spec.gate,
-        weight: spec.weight,
-        pool: spec.pool,
-        layers: spec.layers,
-        window: spec.window,
-        other_languages: spec.other_languages,
-        heads,
-    })
+    Ok(heads)
 }
 
 /// What a hidden layer reads, which sets its rows' width.
@@ -819,12 +851,18 @@ mod tests {
         let heads = heads_with_e5(1.0, 0.5, "mean", 1.0);
         let before = first_stage(&heads);
         // Windows at 3 and -5: their mean, -1, is the view's logit.
-        let one_view = heads.with_e5(before, &[vec![e5_with_logit(3.0), e5_with_logit(-5.0)]], true);
+        let one_view = heads.with_e5(
+            before,
+            &[vec![e5_with_logit(3.0), e5_with_logit(-5.0)]],
+            true,
+        );
         assert!((one_view.get(Category::SelfHarmIntent) - sigmoid(0.0)).abs() < 1e-5);
         // The de-obfuscated view reads 3 where the raw one reads -5: 3 speaks.
         let views = heads.with_e5(
             before,
-            &[vec![e5_with_logit(-5.0)], vec![e5_with_logit(3.0)]], true);
+            &[vec![e5_with_logit(-5.0)], vec![e5_with_logit(3.0)]],
+            true,
+        );
         assert!((views.get(Category::SelfHarmIntent) - sigmoid(2.0)).abs() < 1e-5);
         // A view without windows (nothing to read) is not a "no".
         let empty = heads.with_e5(before, &[vec![], vec![e5_with_logit(3.0)]], true);
@@ -934,7 +972,10 @@ mod tests {
         assert!(!heads.e5.as_ref().unwrap().consulted(&scores), "{scores:?}");
         let plain = Heads::parse(&heads_json(-5.0, -5.0)).unwrap();
         assert!(plain.e5.is_none());
-        assert_eq!(plain.with_e5(scores, &[vec![vec![1.0; E5_DIM]]], true), scores);
+        assert_eq!(
+            plain.with_e5(scores, &[vec![vec![1.0; E5_DIM]]], true),
+            scores
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ use encoder::MiniLm;
 use heads::Heads;
 
 use super::evidence::{combined_lexicon_evidence, lexicon_evidence};
-use super::language;
+use super::language::{self, Route};
 use super::lexical::LexicalClassifier;
 use super::ngrams::{self, NgramModel, SHIPPED_NGRAM_MODEL};
 use super::normalize::{self, normalize_traced, OffsetMap, Options, Repeats};
@@ -616,16 +616,13 @@ impl EmbeddingClassifier {
         let (Some(block), Some(e5)) = (&self.heads.e5, &self.e5) else {
             return Ok(());
         };
-        // A text that is not surely English is read whatever the first
+        // A text that does not read as English is read whatever the first
         // stage thinks of it: its encoder reads English, and on another
-        // language (or a mixed or transliterated text) a low first-stage
-        // score says little.
-        let english: Vec<bool> = texts
-            .iter()
-            .map(|t| language::detect(t).is_english())
-            .collect();
+        // language (or a short, mixed or transliterated text) a low
+        // first-stage score says little.
+        let routes: Vec<Route> = texts.iter().map(|t| language::detect(t).route).collect();
         let consulted: Vec<usize> = (0..texts.len())
-            .filter(|&i| !english[i] || block.consulted(&scores[i]))
+            .filter(|&i| routes[i] != Route::English || block.consulted(&scores[i]))
             .collect();
         if consulted.is_empty() {
             return Ok(());
@@ -645,7 +642,8 @@ impl EmbeddingClassifier {
             .into_iter();
         for (&i, v) in consulted.iter().zip(&views) {
             let read: Vec<Vec<Vec<f32>>> = windows.by_ref().take(v.len()).collect();
-            scores[i] = self.heads.with_e5(scores[i], &read, english[i]);
+            let other_language = routes[i] == Route::Other;
+            scores[i] = self.heads.with_e5(scores[i], &read, !other_language);
         }
         Ok(())
     }
