@@ -1,7 +1,8 @@
 //! Prints what the language detector makes of each text, for choosing its
 //! bounds: `cargo run --example language -- IN.jsonl` reads
 //! `{"text": ...}` lines and prints one JSON line each with whatlang's
-//! language (ISO 639-3), confidence and script, and the service's answer.
+//! unfiltered answer (ISO 639-3, confidence, script) and the service's
+//! (the language it reports and the route it takes).
 
 use std::io::{BufRead, BufReader};
 
@@ -15,14 +16,15 @@ fn main() -> anyhow::Result<()> {
         let value: serde_json::Value = serde_json::from_str(&line?)?;
         let text = value["text"].as_str().unwrap_or_default();
         let info = whatlang::detect(text);
-        // whatlang unfiltered, beside the served answer (its bounds and deny list).
+        let served = language::detect(text);
         println!(
             "{}",
             serde_json::json!({
                 "lang": info.as_ref().map(|i| i.lang().code()),
                 "confidence": info.as_ref().map(|i| i.confidence()),
                 "script": info.as_ref().map(|i| format!("{:?}", i.script())),
-                "served": language::detect(text).language().map(|l| l.code()),
+                "served": served.language().map(|l| l.code()),
+                "route": format!("{:?}", served.route),
             })
         );
     }

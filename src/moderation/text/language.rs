@@ -83,11 +83,12 @@ const MIN_LETTERS: usize = 8;
 const MIN_CONFIDENCE: f64 = 0.5;
 
 /// Languages the detector is not asked about: on romanised Hindi
-/// ("mai tum jaise ...") and short English it answers Javanese, Shona,
+/// ("mai tum jaise ...") and short English it answers Welsh, Javanese, Shona,
 /// Akan, Zulu, Turkmen, Esperanto or Latin with confidence, and those are
 /// rare in the traffic a moderation service sees. A text in one of them
 /// is then unsure, so it is still read by the multilingual encoder.
-const NOT_ASKED: [whatlang::Lang; 7] = [
+const NOT_ASKED: [whatlang::Lang; 8] = [
+    whatlang::Lang::Cym,
     whatlang::Lang::Jav,
     whatlang::Lang::Sna,
     whatlang::Lang::Aka,
@@ -112,38 +113,93 @@ const UNSURE: Detected = Detected {
     route: Route::Unsure,
 };
 
-/// The language of `text`.
+/// The language of `text`, and its route.
 ///
-/// The route takes the detector's best guess at any confidence: on the
-/// sets above, a guess of English was never a sentence in another language
-/// at confidence 0.3 or more (17 of 1,786 romanised Hindi ones below 0.3),
-/// and 93 % of the English texts were guessed English; the others are
-/// mostly texts in another language that the English set holds.
+/// Trigram statistics misjudge short English: "Can you recommend a good
+/// recipe for banana bread?" reads as Welsh to whatlang and "kill yourself
+/// you worthless loser" as French. So the route also counts English
+/// function words, which other languages' sentences rarely hold: a text
+/// whose words are at least a fifth such words (two or more) reads as
+/// English whatever the trigrams say. Measured on English HateCheck (3,728
+/// short sentences), the English validation half, and Multilingual
+/// HateCheck's validation half (10 languages) by `train/language_routes.py`;
+/// its table is in docs/models.md.
 pub fn detect(text: &str) -> Detected {
     let sample = prefix(text, MAX_BYTES);
+    let latin = whatlang::detect_script(sample).is_none_or(|s| s == whatlang::Script::Latin);
     if sample.chars().filter(|c| c.is_alphabetic()).count() < MIN_LETTERS {
-        return UNSURE;
+        // Too short to name; a few letters of another script are still
+        // not English (a four-character Chinese insult).
+        return if latin {
+            UNSURE
+        } else {
+            Detected {
+                language: None,
+                route: Route::Other,
+            }
+        };
     }
     let Some(info) = detector().detect(sample) else {
         return UNSURE;
     };
-    let english = info.lang() == whatlang::Lang::Eng;
-    let route = if english && info.confidence() >= MIN_ENGLISH_CONFIDENCE {
+    let language = iso_639_1(info.lang().code())
+        .filter(|_| info.confidence() >= MIN_CONFIDENCE)
+        .map(Language);
+    let guessed_english = info.lang() == whatlang::Lang::Eng;
+    let route = if info.script() != whatlang::Script::Latin {
+        Route::Other
+    } else if reads_as_english(sample, info.confidence() >= MIN_CONFIDENCE)
+        || (guessed_english && info.confidence() >= MIN_ENGLISH_CONFIDENCE)
+    {
         Route::English
-    } else if english {
+    } else if guessed_english {
         Route::Unsure
     } else {
         Route::Other
     };
-    let language = iso_639_1(info.lang().code())
-        .filter(|_| info.confidence() >= MIN_CONFIDENCE)
-        .map(Language);
+    // A text routed as English by its words is reported as English when
+    // the trigrams were unsure of anything.
+    let language = match (route, language) {
+        (Route::English, None) => Some(Language::ENGLISH),
+        (_, language) => language,
+    };
     Detected { language, route }
 }
 
-/// Below this confidence a guess of English is unsure (romanised Hindi was
-/// guessed English at 0.1-0.3 now and then).
+/// Below this confidence a trigram guess of English alone is unsure
+/// (romanised Hindi was guessed English at 0.1-0.3 now and then).
 const MIN_ENGLISH_CONFIDENCE: f64 = 0.3;
+
+/// Words common in English and rare as words of other Latin-script
+/// languages (no `a`, `no`, `in`, `so`, `do`, `was`, `will`, `die`, `man`,
+/// `me`, which are words of Spanish, Portuguese, Italian, German or Dutch
+/// too). `I` counts only as a capital: `i` is an Italian article.
+const ENGLISH_WORDS: [&str; 66] = [
+    "the", "you", "your", "yourself", "you're", "youre", "and", "is", "are", "were", "i'm", "im",
+    "my", "to", "of", "for", "with", "that", "this", "these", "those", "what", "how", "why", "can",
+    "should", "would", "could", "not", "don't", "dont", "it", "it's", "be", "have", "has", "they",
+    "them", "their", "we", "our", "he", "she", "his", "her", "at", "from", "by", "or", "if",
+    "just", "all", "get", "people", "know", "like", "want", "think", "some", "about", "who",
+    "there", "been", "any", "because", "make",
+];
+
+/// Whether a fifth of the words of `text` are [`ENGLISH_WORDS`], at least
+/// one of them, or two when the trigrams are `confident` of another
+/// language.
+fn reads_as_english(text: &str, confident: bool) -> bool {
+    let (mut words, mut english) = (0usize, 0usize);
+    for word in text
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+    {
+        words += 1;
+        let lower = word.to_lowercase();
+        english += usize::from(
+            ENGLISH_WORDS.contains(&lower.as_str()) || word == "I" || word.starts_with("I'"),
+        );
+    }
+    english >= if confident { 2 } else { 1 } && english * 5 >= words
+}
 
 fn prefix(text: &str, max: usize) -> &str {
     if text.len() <= max {
@@ -272,6 +328,11 @@ mod tests {
     #[test]
     fn short_or_unreadable_texts_are_unsure() {
         assert_eq!(detect("ok"), UNSURE);
+        assert_eq!(
+            detect("你这个废物").route,
+            Route::Other,
+            "short, but not English"
+        );
         assert_eq!(detect("lol 😂😂"), UNSURE);
         assert_eq!(detect("12345 !!! ???"), UNSURE);
         assert!(!detect("").is_english());
@@ -295,6 +356,16 @@ mod tests {
             detect("The weather is lovely today and we are going to the beach.").route,
             Route::English
         );
+        // Short English that trigrams take for Welsh or French reads as
+        // English by its words.
+        for text in [
+            "Can you recommend a good recipe for banana bread?",
+            "kill yourself you worthless loser",
+        ] {
+            let detected = detect(text);
+            assert_eq!(detected.route, Route::English, "{text}");
+            assert_eq!(detected.language, Some(Language::ENGLISH), "{text}");
+        }
     }
 
     #[test]
