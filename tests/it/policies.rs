@@ -206,7 +206,7 @@ async fn off_and_lowered_thresholds_seen_by_two_keys(backend: Backend) {
         let body = moderate(&app.base, &app.client, key, &texts).await;
         assert_eq!(
             body["policy"],
-            json!({"id": policy_id, "name": "strict", "version": 1}),
+            json!({"id": policy_id, "name": "strict", "version": 1, "speed": "accurate"}),
             "{body}"
         );
         assert_eq!(
@@ -617,7 +617,7 @@ async fn the_dashboard_makes_changes_and_assigns_a_policy(backend: Backend) {
     }
     assert_eq!(
         body["policy"],
-        json!({"id": id, "name": "forum", "version": 2})
+        json!({"id": id, "name": "forum", "version": 2, "speed": "accurate"})
     );
     let set = cy
         .post(
@@ -861,6 +861,6 @@ async fn a_customer_makes_and_assigns_a_policy_in_the_browser() {
     let body = moderate(&app.base, &app.client, &secret, &["hello"]).await;
     assert_eq!(
         body["policy"],
-        json!({"id": id, "name": "kids", "version": 2})
+        json!({"id": id, "name": "kids", "version": 2, "speed": "accurate"})
     );
 }
