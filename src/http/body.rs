@@ -340,11 +340,8 @@ mod tests {
             "{took:?}"
         );
         // Fast enough: read whole.
-        let fast =
-            futures::stream::iter(vec![Ok::<_, std::io::Error>(bytes::Bytes::from(vec![
-                b'x';
-                1000
-            ]))]);
+        let whole: Result<_, std::io::Error> = Ok(bytes::Bytes::from(vec![b'x'; 1000]));
+        let fast = futures::stream::iter(vec![whole]);
         let body = Body::new(
             BoundedBody::new(Body::from_stream(fast), 1 << 20, None, Arc::default())
                 .with_min_rate(rate),
