@@ -232,10 +232,28 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The API's listen backlog (the kernel caps it at `net.core.somaxconn`):
+/// deep enough that a burst of connections from one client waits in the
+/// queue (to be refused by its cap, or served) rather than having the
+/// kernel drop SYNs, which costs every client caught in it a one-second
+/// retransmission. tokio's `bind` asks for 1024.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn bind_api(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match address {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    // As tokio's `bind` does on Unix: a restarted server need not wait for
+    // its old connections' TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.addr))?;
+    let listener =
+        bind_api(config.addr).with_context(|| format!("cannot listen on {}", config.addr))?;
     let metrics = match config.metrics_addr()? {
         Some(address) => Some(
             tokio::net::TcpListener::bind(address)

@@ -214,6 +214,23 @@ pub struct ServerConfig {
     pub linger_idle_ms: u64,
     /// ...and how many bytes it discards at most.
     pub linger_max_bytes: u64,
+    /// Lingering connections at most, as a percentage of `max_connections`
+    /// (at least one): past it, the oldest lingering connection is closed.
+    pub linger_share_percent: u8,
+    /// Connections open at once from one client (an IPv4 address or an
+    /// IPv6 /64); the one past it is refused with 503.
+    pub max_connections_per_client: usize,
+    /// Requests served on one keep-alive connection; the last answer says
+    /// `Connection: close`.
+    pub max_requests_per_connection: u32,
+    /// Age of a connection after which it is closed once its request in
+    /// flight (if any) is answered.
+    pub max_connection_age_ms: u64,
+    /// A body (or what a lingering close discards) must keep arriving at
+    /// this rate, bytes per second, once `min_body_rate_grace_ms` have
+    /// passed (0: no minimum rate).
+    pub min_body_rate_bytes_per_sec: u64,
+    pub min_body_rate_grace_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -600,6 +617,15 @@ impl Config {
         let s = &self.server;
         if s.header_read_timeout_ms == 0 || s.body_read_timeout_ms == 0 || s.max_connections == 0 {
             return invalid("server.header_read_timeout_ms, body_read_timeout_ms and max_connections must be positive".into());
+        }
+        if s.max_connections_per_client == 0
+            || s.max_requests_per_connection == 0
+            || s.max_connection_age_ms == 0
+        {
+            return invalid("server.max_connections_per_client, max_requests_per_connection and max_connection_age_ms must be positive".into());
+        }
+        if !(1..=100).contains(&s.linger_share_percent) {
+            return invalid("server.linger_share_percent must be between 1 and 100".into());
         }
         let l = &self.limits;
         if l.max_body_bytes == 0 || l.max_items == 0 || l.max_text_chars == 0 {

@@ -55,7 +55,18 @@ pub async fn run_with_metrics(
     if let Some(metrics_listener) = metrics {
         let handle = metrics::install()?;
         tracing::info!(address = %metrics_listener.local_addr()?, "metrics listening");
-        tokio::spawn(metrics::serve(metrics_listener, handle, shutdown.clone()));
+        let limits = http::serve::ConnectionLimits {
+            listener: "metrics",
+            max_connections: metrics::MAX_CONNECTIONS,
+            max_per_client: metrics::MAX_CONNECTIONS_PER_CLIENT,
+            ..connection_limits(&config)
+        };
+        tokio::spawn(metrics::serve(
+            metrics_listener,
+            handle,
+            limits,
+            shutdown.clone(),
+        ));
     }
     let store = store::connect(&config.database_url.0)
         .await
@@ -119,6 +130,7 @@ pub async fn run_with_metrics(
         usage: recorder,
         trusted_proxies: config.auth.trusted_proxies.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
+        body_min_rate: min_body_rate(&config),
         signer,
         dashboard: config.dashboard.clone(),
         sign_up: dashboard::SignUpDoor::from_config(&config)?,
@@ -127,15 +139,7 @@ pub async fn run_with_metrics(
     let app = http::router(state);
     tracing::info!(address = %listener.local_addr()?, "moderato listening");
 
-    let connection_limits = http::serve::ConnectionLimits {
-        header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
-        max_connections: config.server.max_connections,
-        linger: http::serve::LingerLimits {
-            max_time: Duration::from_millis(config.server.linger_time_ms),
-            max_idle: Duration::from_millis(config.server.linger_idle_ms),
-            max_bytes: config.server.linger_max_bytes,
-        },
-    };
+    let connection_limits = connection_limits(&config);
     let server = http::serve::serve(listener, app, connection_limits, shutdown.clone());
     let mut server = std::pin::pin!(server);
     tokio::select! {
@@ -150,6 +154,35 @@ pub async fn run_with_metrics(
     writer.finish(grace).await;
     tracing::info!("moderato stopped");
     Ok(())
+}
+
+/// The API listener's connection bounds, from `[server]`.
+fn connection_limits(config: &Config) -> http::serve::ConnectionLimits {
+    let server = &config.server;
+    let share = usize::from(server.linger_share_percent);
+    http::serve::ConnectionLimits {
+        listener: "api",
+        header_read_timeout: Duration::from_millis(server.header_read_timeout_ms),
+        max_connections: server.max_connections,
+        max_per_client: server.max_connections_per_client,
+        trusted_proxies: config.auth.trusted_proxies.clone().into(),
+        max_requests: server.max_requests_per_connection,
+        max_age: Duration::from_millis(server.max_connection_age_ms),
+        linger: http::serve::LingerLimits {
+            max_time: Duration::from_millis(server.linger_time_ms),
+            max_idle: Duration::from_millis(server.linger_idle_ms),
+            max_bytes: server.linger_max_bytes,
+            max_connections: (server.max_connections * share / 100).max(1),
+            min_rate: min_body_rate(config),
+        },
+    }
+}
+
+fn min_body_rate(config: &Config) -> Option<http::body::MinRate> {
+    http::body::MinRate::new(
+        config.server.min_body_rate_bytes_per_sec,
+        Duration::from_millis(config.server.min_body_rate_grace_ms),
+    )
 }
 
 /// Earlier versions spilled usage events beside the pepper file.

@@ -16,6 +16,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::serve::ConnectionLimits;
+
 /// Every metric's name, in one place (the Grafana dashboard in
 /// `docs/grafana-dashboard.json` uses them).
 pub mod names {
@@ -39,6 +41,8 @@ pub mod names {
     pub const DATABASE_ERRORS: &str = "moderato_database_errors_total";
     pub const REMOTE_IMAGE_FETCHES: &str = "moderato_remote_image_fetches_total";
     pub const SECOND_STAGE_TEXTS: &str = "moderato_second_stage_texts_total";
+    pub const CONNECTIONS_REFUSED: &str = "moderato_connections_refused_total";
+    pub const LINGERING_EVICTED: &str = "moderato_lingering_connections_evicted_total";
 }
 
 /// Upper bounds of the latency buckets, in seconds: a short text is a few
@@ -72,10 +76,19 @@ pub fn install() -> anyhow::Result<&'static PrometheusHandle> {
     Ok(HANDLE.get().expect("set above"))
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
+/// Connections the metrics listener serves at once, and from one client: a
+/// scraper needs one, and a client that holds more must not hold the
+/// process's file descriptors.
+pub const MAX_CONNECTIONS: usize = 8;
+pub const MAX_CONNECTIONS_PER_CLIENT: usize = 4;
+
+/// Serves `GET /metrics` on `listener` until `shutdown`, with the API's
+/// connection bounds (`limits`: its header timeout, and the small caps
+/// above).
 pub async fn serve(
     listener: TcpListener,
     handle: &'static PrometheusHandle,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) {
     let upkeep = tokio::spawn({
@@ -91,12 +104,7 @@ pub async fn serve(
         }
     });
     let app = Router::new().route("/metrics", get(move || async move { handle.render() }));
-    if let Err(error) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-    {
-        tracing::error!(%error, "the metrics listener failed");
-    }
+    crate::http::serve::serve(listener, app, limits, shutdown).await;
     upkeep.abort();
 }
 
@@ -194,6 +202,16 @@ fn describe() {
         "Database errors, by kind (unavailable, conflict, other)"
     );
     describe_counter!(
+        CONNECTIONS_REFUSED,
+        Unit::Count,
+        "Connections refused at once, by listener and reason (per_client: over server.max_connections_per_client)"
+    );
+    describe_counter!(
+        LINGERING_EVICTED,
+        Unit::Count,
+        "Lingering connections closed early to make room, by reason (budget: server.linger_share_percent full; slots: the server short of connection slots)"
+    );
+    describe_counter!(
         SECOND_STAGE_TEXTS,
         Unit::Count,
         "Texts the first stage found suspect and the second encoder read again (text_model.second_stage)"
@@ -204,7 +222,7 @@ fn describe() {
 mod tests {
     use super::names::*;
 
-    const ALL: [&str; 20] = [
+    const ALL: [&str; 22] = [
         HTTP_REQUESTS,
         HTTP_DURATION,
         MODEL_DURATION,
@@ -225,6 +243,8 @@ mod tests {
         DATABASE_ERRORS,
         REMOTE_IMAGE_FETCHES,
         SECOND_STAGE_TEXTS,
+        CONNECTIONS_REFUSED,
+        LINGERING_EVICTED,
     ];
 
     /// The shipped dashboard queries only metrics the service exports, and

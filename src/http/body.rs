@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::header::CONNECTION;
@@ -44,6 +46,38 @@ pub struct BodyLimits {
     /// A client that announces a body and never sends it must not hold a
     /// connection and its task for longer.
     pub read_timeout: Duration,
+    /// ...nor one that sends it a byte now and then (Apache's
+    /// `mod_reqtimeout` `MinRate`).
+    pub min_rate: Option<MinRate>,
+}
+
+/// A minimum rate for bytes a client sends: after `grace`, every
+/// `bytes_per_sec` bytes buy one more second. A trickle that stays under
+/// every idle bound still falls behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MinRate {
+    bytes_per_sec: u64,
+    grace: Duration,
+}
+
+impl MinRate {
+    /// `None` when `bytes_per_sec` is 0 (no minimum).
+    pub fn new(bytes_per_sec: u64, grace: Duration) -> Option<MinRate> {
+        (bytes_per_sec > 0).then_some(MinRate {
+            bytes_per_sec,
+            grace,
+        })
+    }
+
+    pub fn bytes_per_sec(&self) -> u64 {
+        self.bytes_per_sec
+    }
+
+    /// How long after the start a client that has sent `received` bytes may
+    /// take before it has fallen under the rate.
+    pub fn allowance(&self, received: u64) -> Duration {
+        self.grace + Duration::from_secs_f64(received as f64 / self.bytes_per_sec as f64)
+    }
 }
 
 /// Why a bounded body stopped early.
@@ -53,6 +87,8 @@ pub enum BodyError {
     TimedOut(Duration),
     #[error("the request body is larger than the limit of {0} bytes")]
     TooLarge(usize),
+    #[error("the request body arrived slower than {0} bytes a second; send it whole and promptly")]
+    TooSlow(u64),
 }
 
 impl BodyError {
@@ -85,7 +121,8 @@ pub async fn bound_body(
         limits.max_bytes,
         Some(limits.read_timeout),
         watch.clone(),
-    );
+    )
+    .with_min_rate(limits.min_rate);
     parts.extensions.insert(limits);
     let linger = parts.extensions.get::<Linger>().cloned();
     let mut response = next.run(Request::from_parts(parts, Body::new(body))).await;
@@ -96,8 +133,8 @@ pub async fn bound_body(
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
-        // A client too slow to send its body in time would hold its slot
-        // for the linger too (nginx does not linger after a body timeout
+        // A client too slow to send its body in time (or at the minimum
+        // rate) would hold its slot for the linger too (nginx does not linger after a body timeout
         // either): it is closed at once, which frees the slot.
         if !watch.timed_out.load(Ordering::Acquire) {
             if let Some(linger) = linger {
@@ -141,6 +178,9 @@ struct BoundedBody {
     read: usize,
     /// The deadline, and the timeout it was set from (for the message).
     deadline: Option<(Pin<Box<Sleep>>, Duration)>,
+    /// The minimum rate, from when the body started, and the time by which
+    /// the bytes read so far must be followed by more.
+    min_rate: Option<(MinRate, Instant, Pin<Box<Sleep>>)>,
     watch: Arc<BodyWatch>,
 }
 
@@ -160,7 +200,38 @@ impl BoundedBody {
             limit,
             read: 0,
             deadline: read_timeout.map(|timeout| (Box::pin(tokio::time::sleep(timeout)), timeout)),
+            min_rate: None,
             watch,
+        }
+    }
+
+    /// The rate runs from now.
+    fn with_min_rate(mut self, min_rate: Option<MinRate>) -> BoundedBody {
+        self.min_rate = min_rate.map(|rate| {
+            let start = Instant::now();
+            let behind = Box::pin(tokio::time::sleep_until(start + rate.allowance(0)));
+            (rate, start, behind)
+        });
+        self
+    }
+
+    /// Whether the client has fallen under the minimum rate (and, if not,
+    /// the waker is registered for when it would).
+    fn fell_behind(&mut self, cx: &mut Context<'_>) -> Option<BodyError> {
+        let (rate, _, behind) = self.min_rate.as_mut()?;
+        behind
+            .as_mut()
+            .poll(cx)
+            .is_ready()
+            .then(|| BodyError::TooSlow(rate.bytes_per_sec()))
+    }
+
+    fn received(&mut self, bytes: usize) {
+        self.read += bytes;
+        if let Some((rate, start, behind)) = self.min_rate.as_mut() {
+            behind
+                .as_mut()
+                .reset(*start + rate.allowance(self.read as u64));
         }
     }
 }
@@ -176,17 +247,22 @@ impl HttpBody for BoundedBody {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if polled.is_pending() {
-            let Some((deadline, timeout)) = this.deadline.as_mut() else {
+            let timed_out = this.deadline.as_mut().and_then(|(deadline, timeout)| {
+                deadline
+                    .as_mut()
+                    .poll(cx)
+                    .is_ready()
+                    .then_some(BodyError::TimedOut(*timeout))
+            });
+            let Some(error) = timed_out.or_else(|| this.fell_behind(cx)) else {
                 return Poll::Pending;
             };
-            ready!(deadline.as_mut().poll(cx));
             this.watch.timed_out.store(true, Ordering::Release);
-            let error = BodyError::TimedOut(*timeout);
             return Poll::Ready(Some(Err(axum::Error::new(error))));
         }
         let polled = ready!(polled);
         if let Some(Ok(frame)) = &polled {
-            this.read += frame.data_ref().map_or(0, |d| d.len());
+            this.received(frame.data_ref().map_or(0, |d| d.len()));
             if this.read > this.limit {
                 return Poll::Ready(Some(Err(axum::Error::new(BodyError::TooLarge(this.limit)))));
             }
@@ -236,5 +312,44 @@ mod tests {
         let timeout = Duration::from_secs(30);
         let body = bounded(Body::from_stream(stalled), 100, Some(timeout));
         assert_eq!(failure(body).await, Some(BodyError::TimedOut(timeout)));
+    }
+
+    /// A byte a second never stalls long enough for an idle bound, and
+    /// would take the whole deadline: the rate ends it after its grace.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickle_under_the_minimum_rate_fails_after_the_grace() {
+        let trickle = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"x")), ()))
+        });
+        let rate = MinRate::new(100, Duration::from_secs(5));
+        let started = Instant::now();
+        let body = Body::new(
+            BoundedBody::new(
+                Body::from_stream(trickle),
+                1 << 20,
+                Some(Duration::from_secs(30)),
+                Arc::default(),
+            )
+            .with_min_rate(rate),
+        );
+        assert_eq!(failure(body).await, Some(BodyError::TooSlow(100)));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(5) && took < Duration::from_secs(6),
+            "{took:?}"
+        );
+        // Fast enough: read whole.
+        let whole: Result<_, std::io::Error> = Ok(bytes::Bytes::from(vec![b'x'; 1000]));
+        let fast = futures::stream::iter(vec![whole]);
+        let body = Body::new(
+            BoundedBody::new(Body::from_stream(fast), 1 << 20, None, Arc::default())
+                .with_min_rate(rate),
+        );
+        assert_eq!(
+            axum::body::to_bytes(body, 1 << 20).await.unwrap().len(),
+            1000
+        );
+        assert_eq!(MinRate::new(0, Duration::from_secs(5)), None);
     }
 }

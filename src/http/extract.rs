@@ -110,7 +110,9 @@ pub(crate) async fn read_body(body: Body, limits: BodyLimits) -> Result<bytes::B
                 || error.to_string().contains("length limit")
         };
         match BodyError::of(&error) {
-            Some(bound @ BodyError::TimedOut(_)) => ApiError::RequestTimeout(bound.to_string()),
+            Some(bound @ (BodyError::TimedOut(_) | BodyError::TooSlow(_))) => {
+                ApiError::RequestTimeout(bound.to_string())
+            }
             Some(bound @ BodyError::TooLarge(_)) => ApiError::PayloadTooLarge(bound.to_string()),
             None if too_large() => {
                 ApiError::PayloadTooLarge(BodyError::TooLarge(limit).to_string())

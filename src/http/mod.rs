@@ -65,6 +65,8 @@ pub struct Shared {
     pub usage: UsageRecorder,
     pub trusted_proxies: Vec<IpBlock>,
     pub body_read_timeout: Duration,
+    /// The rate a body must keep arriving at (after its grace).
+    pub body_min_rate: Option<body::MinRate>,
     pub signer: Arc<ResponseSigner>,
     pub dashboard: DashboardConfig,
     /// Whether anyone may sign up, and the mailer that confirms them.
@@ -88,6 +90,7 @@ pub fn router(state: AppState) -> Router {
     let body_limits = BodyLimits {
         max_bytes: state.limits.max_body_bytes,
         read_timeout: state.body_read_timeout,
+        min_rate: state.body_min_rate,
     };
     let moderate = metered(&state, Endpoint::Moderate, moderate::moderate);
     let moderations = metered(&state, Endpoint::Moderations, openai::moderations);

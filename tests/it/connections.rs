@@ -252,44 +252,6 @@ async fn lingering_stops_at_its_byte_bound() {
     );
 }
 
-/// A lingering connection keeps its slot: with one slot, the next client
-/// waits until the linger ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lingering_connection_counts_against_max_connections() {
-    let mut app = spawn_app_with(Backend::Sqlite, |c| {
-        quick(c);
-        c.server.max_connections = 1;
-        c.server.linger_time_ms = 2_000;
-    })
-    .await;
-    // The readiness probe's pooled connection holds the slot: let it go.
-    app.client = reqwest::Client::new();
-    let (_, key) = app.create_key(Tier::Enterprise, Some(1_000)).await;
-    let mut lingering = Conn::open(&app).await;
-    lingering
-        .send(post_head(&key, TWELVE_MB, "").as_bytes())
-        .await
-        .unwrap();
-    assert_eq!(
-        lingering.response_within(BOUND).await.expect("413").status,
-        413
-    );
-    let mut next = Conn::open(&app).await;
-    next.send(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
-        .await
-        .unwrap();
-    assert!(
-        next.response_within(Duration::from_millis(500))
-            .await
-            .is_none(),
-        "served while a lingering connection held the only slot"
-    );
-    assert_eq!(
-        next.response_within(BOUND).await.expect("served").status,
-        200
-    );
-}
-
 /// Shutting down does not wait for lingering connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_lingering_at_once() {

@@ -46,6 +46,25 @@ impl Conn {
         Conn::to(app.base.trim_start_matches("http://")).await
     }
 
+    /// A connection to the app from the local address `source` (any of
+    /// 127.0.0.0/8 reaches the app's 127.0.0.1): another client.
+    pub(crate) async fn open_from(
+        app: &TestApp,
+        source: std::net::IpAddr,
+    ) -> std::io::Result<Conn> {
+        let address = app
+            .base
+            .trim_start_matches("http://")
+            .parse()
+            .expect("address");
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::new(source, 0))?;
+        Ok(Conn {
+            stream: socket.connect(address).await?,
+            buffer: Vec::new(),
+        })
+    }
+
     /// A connection to `address` (`host:port`).
     pub(crate) async fn to(address: &str) -> Conn {
         Conn {

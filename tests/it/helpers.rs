@@ -139,6 +139,10 @@ pub fn test_config(db: &TestDb, dir: &tempfile::TempDir) -> Config {
     config.shutdown_grace_ms = 10_000;
     // `run` serves no metrics; tests that want them bind their own listener.
     config.metrics_addr = String::new();
+    // Every test is one client (127.0.0.1) and some fire a hundred requests
+    // at once through reqwest's pool; the cap per client has tests of its
+    // own (`connection_caps`), at its default.
+    config.server.max_connections_per_client = config.server.max_connections;
     config
 }
 

@@ -10,6 +10,7 @@ mod account_limits;
 mod api;
 mod browser;
 mod budget;
+mod connection_caps;
 mod connections;
 mod dashboard;
 mod docs;

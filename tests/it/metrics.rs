@@ -13,10 +13,10 @@ use moderato::access::Tier;
 use moderato::moderation::Speed;
 
 /// One scrape: each series (`name{a="x",b="y"}`, labels sorted) to its value.
-struct Scrape(BTreeMap<String, f64>);
+pub(crate) struct Scrape(BTreeMap<String, f64>);
 
 impl Scrape {
-    async fn take(client: &reqwest::Client, metrics_base: &str) -> Scrape {
+    pub(crate) async fn take(client: &reqwest::Client, metrics_base: &str) -> Scrape {
         let response = client
             .get(format!("{metrics_base}/metrics"))
             .send()
@@ -65,7 +65,7 @@ impl Scrape {
     }
 
     /// The sum over the series of `name` that carry every label of `labels`.
-    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
         self.0
             .iter()
