@@ -19,6 +19,7 @@ mod explain;
 mod images;
 mod journal;
 mod keys;
+mod languages;
 mod limits;
 mod metrics;
 mod moderations;

@@ -592,7 +592,10 @@ fn the_second_encoder_rereads_what_the_first_stage_suspects_and_only_that() {
     let first = model().score_batch(&[german]).unwrap();
     let read = second.score_batch(&[german]).unwrap();
     assert!(strongest(&first[0]) < gate, "{:?}", first[0]);
-    assert_ne!(read[0], first[0], "the German text gets the second encoder's say");
+    assert_ne!(
+        read[0], first[0],
+        "the German text gets the second encoder's say"
+    );
     // Items get it as the batch does; the explained scores are the scores.
     let (items, combined) = second
         .score_items(&[benign, suspect], &Deadline::distant())

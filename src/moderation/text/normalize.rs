@@ -520,6 +520,10 @@ struct Rewriter<'a, 't> {
     out: String,
     scratch: Vec<char>,
     run: SpeltRun,
+    /// Whether words written wholly in look-alike letters may be read as
+    /// Latin: not in a text written in Cyrillic or Greek, where `всех` is
+    /// a word, not a disguised `bcex`.
+    lookalike_words: bool,
     /// Where each piece of `out` came from, when the caller asked.
     trace: Option<&'t mut Vec<Piece>>,
 }
@@ -531,6 +535,7 @@ fn rewrite_words(text: &str, options: Options, trace: Option<&mut Vec<Piece>>) -
         out: String::with_capacity(text.len()),
         scratch: Vec::with_capacity(32),
         run: SpeltRun::default(),
+        lookalike_words: !written_in_lookalike_script(text),
         trace,
     };
     for (kind, start, end) in (Segments { text, pos: 0 }) {
@@ -660,7 +665,7 @@ impl Rewriter<'_, '_> {
         }
         self.scratch.clear();
         self.scratch.extend(word.chars());
-        map_homoglyphs(&mut self.scratch);
+        map_homoglyphs(&mut self.scratch, self.lookalike_words);
         map_leet(&mut self.scratch);
         let keep = match self.options.repeats {
             _ if word == "www" => None,
@@ -703,7 +708,7 @@ fn unmask(chars: &[char]) -> Option<String> {
         return None;
     }
     let mut visible = chars.to_vec();
-    map_homoglyphs(&mut visible);
+    map_homoglyphs(&mut visible, true);
     map_leet(&mut visible);
     let candidates = maskable_words().get(&chars.len())?;
     let fits = |w: &&MaskableWord| {
@@ -893,20 +898,35 @@ fn homoglyph(c: char) -> Option<char> {
     })
 }
 
+/// Whether `text` is written in a script of look-alikes (Cyrillic,
+/// Greek): it has a letter outside ASCII with no Latin twin (`ж`, `λ`),
+/// which nobody disguising a Latin word would use.
+fn written_in_lookalike_script(text: &str) -> bool {
+    text.chars().any(|c| {
+        c.is_alphabetic() && !c.is_ascii() && homoglyph(c).is_none() && is_cyrillic_or_greek(c)
+    })
+}
+
+fn is_cyrillic_or_greek(c: char) -> bool {
+    matches!(c, '\u{0370}'..='\u{03FF}' | '\u{0400}'..='\u{052F}' | '\u{1F00}'..='\u{1FFF}')
+}
+
 /// Maps look-alikes only in words that are evidently disguised Latin: words
-/// that also contain ASCII letters (`kіll` with a Cyrillic `і`), or whose
-/// letters are all look-alikes (`ѕех`). A Russian or Greek word with any
-/// letter that has no Latin twin is left alone, so real text in those
-/// scripts reaches the model intact.
-fn map_homoglyphs(word: &mut [char]) {
+/// that also contain ASCII letters (`kіll` with a Cyrillic `і`), or, when
+/// `lookalike_words`, whose letters are all look-alikes (`ѕех`). A Russian
+/// or Greek word with any letter that has no Latin twin is left alone, and
+/// so is every word of a text written in those scripts, so real text in
+/// them reaches the model intact.
+fn map_homoglyphs(word: &mut [char], lookalike_words: bool) {
     if word.iter().all(char::is_ascii) {
         return;
     }
     let has_ascii_letter = word.iter().any(char::is_ascii_alphabetic);
-    let all_lookalike = word
-        .iter()
-        .filter(|c| c.is_alphabetic() && !c.is_ascii())
-        .all(|&c| homoglyph(c).is_some());
+    let all_lookalike = lookalike_words
+        && word
+            .iter()
+            .filter(|c| c.is_alphabetic() && !c.is_ascii())
+            .all(|&c| homoglyph(c).is_some());
     if !(has_ascii_letter || all_lookalike) {
         return;
     }
@@ -1106,6 +1126,36 @@ mod tests {
         assert_eq!(n("go d.i.e."), "go die.");
         // Mixed with leet inside the spelt word.
         assert_eq!(n("k 1 l l"), "kill");
+    }
+
+    /// Issue #56: text in other scripts reaches the model as written (lower
+    /// case aside): no letter lost, none mapped to a Latin look-alike, and
+    /// every piece maps back to its own bytes.
+    #[test]
+    fn other_scripts_pass_through_unharmed() {
+        for text in [
+            "Я ненавижу всех мигрантов, они грязные животные.",
+            "أنا أكره كل المهاجرين، إنهم حيوانات قذرة.",
+            "मुझे सभी मुसलमानों से नफ़रत है।",
+            "我讨厌所有的黑人，他们都是肮脏的畜生。",
+            "모든 이민자들은 더러운 짐승이다.",
+            "Ελλάδα και Κύπρος",
+        ] {
+            let traced = normalize_traced(text, Options::default());
+            let expected: String = text
+                .nfkd()
+                .filter(|&c| !is_diacritic(c))
+                .nfc()
+                .flat_map(char::to_lowercase)
+                .collect();
+            if traced.text != text.to_lowercase() {
+                // Only combining marks (Devanagari's nukta, Greek accents)
+                // may go, as for Latin accents.
+                assert_eq!(traced.text, expected, "{text}");
+            }
+            let back = traced.map.to_original(0..traced.text.len()).unwrap();
+            assert_eq!(back, 0..text.len(), "{text}");
+        }
     }
 
     /// Issue #54: letters spread with runs of spaces were left apart, so
