@@ -123,6 +123,7 @@ pub async fn run_with_metrics(
         dashboard: config.dashboard.clone(),
         sign_up: dashboard::SignUpDoor::from_config(&config)?,
         sign_in_attempts: dashboard::AttemptLocks::default(),
+        sign_up_attempts: dashboard::AttemptLocks::default(),
     }));
     let app = http::router(state);
     tracing::info!(address = %listener.local_addr()?, "moderato listening");
