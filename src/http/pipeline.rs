@@ -16,7 +16,10 @@ use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
 use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
-use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation};
+use crate::moderation::engine::{
+    EngineError, Explain, Item, ItemOutcome, Moderation, Requester,
+};
+use crate::moderation::fair::Tenant;
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
 use crate::moderation::Category;
@@ -110,18 +113,44 @@ pub async fn moderate(
         }
     };
     let kinds: Vec<ItemKind> = items.iter().map(ItemKind::of).collect();
+    // Reading images is charged by its work after the fact, and may cost
+    // at most what the allowance has left: the request is admitted only
+    // with room left, and its reading stops before overdrawing it.
+    let ocr_allowance = match ocr_admission(state, key, &items, characters.as_ref()).await {
+        Ok(room) => room,
+        Err(refused) => {
+            stats.rate_limited = true;
+            let mut response = refused.into_response();
+            response.extensions_mut().insert(stats);
+            return Ok(Err(response));
+        }
+    };
+    let requester = Requester::new(tenant_of(key), ocr_allowance);
     // The key's policy as read with the key (at most the key cache's TTL
     // old), the same one the response names.
     let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
-    let moderation = state
+    let moderated = state
         .engine
-        .moderate_with(items, analyze_images, &rules, explain)
-        .await
-        .map_err(|error| engine_error(error, &kinds, field))?;
+        .moderate_with(items, analyze_images, &rules, explain, &requester)
+        .await;
+    // The reading's work is charged whatever the answer: a request cut
+    // short by its deadline still used the CPU.
+    let work = state
+        .engine
+        .ocr_charge(&requester.work())
+        .unwrap_or_default();
+    let moderation = match moderated {
+        Ok(moderation) => moderation,
+        Err(error) => {
+            charge_read_characters(state, key, work).await;
+            return Err(engine_error(error, &kinds, field));
+        }
+    };
     // Text read in images is known only once read: it counts as text
     // scored, and is charged to the allowance after the fact (the request
-    // is answered; the next ones wait for it).
-    let read = moderation.image_text_chars();
+    // is answered; the next ones wait for it), with the work of reading
+    // it, in characters too (`ocr.charge_per_megapixel_*`).
+    let read = moderation.image_text_chars() + work;
     stats.text_chars += read;
     let characters = match charge_read_characters(state, key, read).await {
         Some(decision) => Some(decision),
@@ -199,6 +228,49 @@ async fn charge_characters(
             retry_after: decision.retry_after,
         })
     })
+}
+
+/// Whose turn a request's heavy jobs take in the lane: its account, or an
+/// operator key itself.
+fn tenant_of(key: &AuthenticatedKey) -> Tenant {
+    match &key.0.owner {
+        KeyOwner::Account { id, .. } => Tenant::new(format!("account:{id}")),
+        KeyOwner::Operator => Tenant::new(format!("key:{}", key.0.id)),
+    }
+}
+
+/// The characters of the allowance a request's OCR may be charged: for a
+/// request with images, when the server reads them, the room its bucket
+/// has left (refused with 429 when it has none); otherwise unbounded (no
+/// reading happens).
+async fn ocr_admission(
+    state: &AppState,
+    key: &AuthenticatedKey,
+    items: &[Item],
+    text_charge: Option<&Decision>,
+) -> Result<u64, ApiError> {
+    let has_images = items.iter().any(|i| matches!(i, Item::Image(_)));
+    if !has_images || !state.engine.reads_images() {
+        return Ok(u64::MAX);
+    }
+    let decision = match text_charge {
+        Some(decision) => *decision,
+        // One character: enough to learn the room left, and to refuse an
+        // empty allowance before any image is decoded.
+        None => {
+            let bucket = &key.1.characters;
+            state
+                .limiter
+                .check_n(&bucket.name, bucket.per_minute, 1)
+                .await
+        }
+    };
+    if !decision.allowed {
+        return Err(ApiError::RateLimited {
+            retry_after: decision.retry_after,
+        });
+    }
+    Ok(u64::from(decision.remaining))
 }
 
 /// Charges `chars` read from images to the key's character allowance. The
@@ -326,6 +398,10 @@ fn engine_error(error: EngineError, kinds: &[ItemKind], field: FieldName<'_>) ->
             "input[{index}]: image items are not accepted because this server has no image classifier configured"
         )),
         EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
+        // Try again when the allowance has refilled: a minute at most.
+        EngineError::OcrAllowanceSpent { .. } => ApiError::RateLimited {
+            retry_after: std::time::Duration::from_secs(60),
+        },
     }
 }
 

@@ -5,6 +5,7 @@
 mod category;
 mod classifier;
 mod deadline;
+pub mod fair;
 pub(crate) mod engine;
 pub mod explain;
 pub mod image;
