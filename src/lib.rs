@@ -282,7 +282,9 @@ fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrPa
             per_megapixel_detected: o.charge_per_megapixel_detected,
             per_megapixel_read: o.charge_per_megapixel_read,
         },
-        cache: Arc::new(moderation::image::ocr::cache::ReadCache::new(o.cache_entries)),
+        cache: Arc::new(moderation::image::ocr::cache::ReadCache::new(
+            o.cache_entries,
+        )),
     }))
 }
 

@@ -16,9 +16,7 @@ use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
 use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
-use crate::moderation::engine::{
-    EngineError, Explain, Item, ItemOutcome, Moderation, Requester,
-};
+use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation, Requester};
 use crate::moderation::fair::Tenant;
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;

@@ -19,10 +19,10 @@ use super::category::{
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 use super::deadline::{Deadline, DeadlineExceeded};
 use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpan, Span};
+use super::fair::{FairLane, Tenant};
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
 };
-use super::fair::{FairLane, Tenant};
 use super::image::ocr::cache::{ImageDigest, ReadCache};
 use super::image::ocr::det::TextBox;
 use super::image::ocr::{
@@ -479,11 +479,10 @@ impl Engine {
                 .await?;
             (parts, scored_texts, scored, analyses)
         } else {
-            let (text_scores, images) =
-                tokio::join!(
-                    self.score_texts(&texts, explain, requester, deadline),
-                    images_job
-                );
+            let (text_scores, images) = tokio::join!(
+                self.score_texts(&texts, explain, requester, deadline),
+                images_job
+            );
             let (scored, analyses) = images?;
             (texts, text_scores?, scored, analyses)
         };
@@ -752,29 +751,26 @@ impl Engine {
                 })
                 .await??;
             let text = match (found, reading.as_mut()) {
-                (Some((detected, pixels, _reservation)), Some(budget)) => {
-                    match detected {
-                        Ok(detected) => {
-                            requester.add_work(&detected.work);
-                            self.read_lines(index, detected, pixels, budget, requester, deadline)
-                                .await?
-                                .and_then(|(text, whole)| {
-                                    if let (Some(ocr), Some(digest), true) =
-                                        (&self.ocr, digest, whole)
-                                    {
-                                        ocr.cache.insert(&requester.tenant, digest, text.clone());
-                                    }
-                                    text
-                                })
-                        }
-                        Err(error) => ocr_failed(error, index).map_err(|_| self.deadline_exceeded())?,
+                (Some((detected, pixels, _reservation)), Some(budget)) => match detected {
+                    Ok(detected) => {
+                        requester.add_work(&detected.work);
+                        self.read_lines(index, detected, pixels, budget, requester, deadline)
+                            .await?
+                            .and_then(|(text, whole)| {
+                                if let (Some(ocr), Some(digest), true) = (&self.ocr, digest, whole)
+                                {
+                                    ocr.cache.insert(&requester.tenant, digest, text.clone());
+                                }
+                                text
+                            })
                     }
-                }
+                    Err(error) => ocr_failed(error, index).map_err(|_| self.deadline_exceeded())?,
+                },
                 // Read before for this account: nothing to do but keep to the
                 // request's characters.
-                _ => cached.flatten().and_then(|text| {
-                    text.truncated(reading.as_ref().map_or(0, |b| b.chars_left))
-                }),
+                _ => cached
+                    .flatten()
+                    .and_then(|text| text.truncated(reading.as_ref().map_or(0, |b| b.chars_left))),
             };
             if let (Some(text), Some(budget)) = (&text, reading.as_mut()) {
                 budget.chars_left = budget.chars_left.saturating_sub(text.chars());
@@ -846,7 +842,10 @@ impl Engine {
                 break;
             }
             let cost = OcrWork {
-                line_pixels: chunk.iter().map(|&i| line_input_pixels(&boxes[i]) as u64).sum(),
+                line_pixels: chunk
+                    .iter()
+                    .map(|&i| line_input_pixels(&boxes[i]) as u64)
+                    .sum(),
                 ..OcrWork::default()
             };
             let spent = requester.work().charge(&ocr.prices);
@@ -860,7 +859,8 @@ impl Engine {
             let lines = self
                 .on_cpu(Lane::Heavy, &requester.tenant, deadline, move || {
                     let started = std::time::Instant::now();
-                    let lines = reader.recognise_lines(&pixels, &boxes, &which, left, &job_deadline);
+                    let lines =
+                        reader.recognise_lines(&pixels, &boxes, &which, left, &job_deadline);
                     record_model_time("ocr", started);
                     lines
                 })
@@ -874,8 +874,14 @@ impl Engine {
                 }
             };
             requester.add_work(&lines.work);
-            budget.regions_left = budget.regions_left.saturating_sub(lines.work.regions as usize);
-            chars += lines.lines.iter().map(|(_, t)| t.chars().count()).sum::<usize>();
+            budget.regions_left = budget
+                .regions_left
+                .saturating_sub(lines.work.regions as usize);
+            chars += lines
+                .lines
+                .iter()
+                .map(|(_, t)| t.chars().count())
+                .sum::<usize>();
             read.extend(lines.lines);
         }
         Ok(Some((assemble(boxes.len(), read, max_chars), whole)))

@@ -190,11 +190,8 @@ mod tests {
     async fn a_waiter_that_gives_up_does_not_keep_a_slot() {
         let lane = FairLane::new(1);
         let held = lane.acquire(&Tenant::new("a")).await.unwrap();
-        let gave_up = tokio::time::timeout(
-            Duration::from_millis(20),
-            lane.acquire(&Tenant::new("b")),
-        )
-        .await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(20), lane.acquire(&Tenant::new("b"))).await;
         assert!(gave_up.is_err());
         drop(held);
         assert_eq!(lane.free(), 1);

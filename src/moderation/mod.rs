@@ -5,9 +5,9 @@
 mod category;
 mod classifier;
 mod deadline;
-pub mod fair;
 pub(crate) mod engine;
 pub mod explain;
+pub mod fair;
 pub mod image;
 pub mod text;
 

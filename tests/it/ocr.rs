@@ -242,7 +242,8 @@ async fn charged(app: &TestApp, key: &str, input: Vec<Value>) -> (u16, u64, Valu
             .parse()
             .unwrap()
     };
-    let charge = header("x-ratelimit-limit-characters") - header("x-ratelimit-remaining-characters");
+    let charge =
+        header("x-ratelimit-limit-characters") - header("x-ratelimit-remaining-characters");
     (status, charge, body)
 }
 
@@ -287,7 +288,11 @@ async fn an_identical_image_is_read_once() {
     for result in body["results"].as_array().unwrap() {
         assert_eq!(words(&result["extracted_text"]), THREAT.to_lowercase());
     }
-    assert_eq!(eight_charge, work + 8 * text, "one reading's work, eight texts");
+    assert_eq!(
+        eight_charge,
+        work + 8 * text,
+        "one reading's work, eight texts"
+    );
 }
 
 /// The lines read from all the images of a request are bounded: two
@@ -319,7 +324,11 @@ async fn the_lines_read_per_request_and_the_allowance_bound_a_flood() {
     let eight: Vec<Value> = (0..8).map(|s| image_item(&bars(s))).collect();
     let mut last_remaining = u64::MAX;
     for _ in 0..3 {
-        let (status, headers, body) = parts(app.moderate(&free, &json!({ "input": eight.clone() })).await).await;
+        let (status, headers, body) = parts(
+            app.moderate(&free, &json!({ "input": eight.clone() }))
+                .await,
+        )
+        .await;
         assert!(status == 200 || status == 429, "{status}: {body}");
         if let Some(remaining) = headers.get("x-ratelimit-remaining-characters") {
             last_remaining = remaining.to_str().unwrap().parse().unwrap();

@@ -403,7 +403,9 @@ async fn racing_sign_ups_from_one_address_make_at_most_five_accounts(backend: Ba
     let mut sockets = Vec::new();
     for i in 0..100 {
         let request = raw_sign_up(&app, "203.0.113.90", &format!("race{i}@example.com")).await;
-        let mut socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.expect("connect");
+        let mut socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+            .await
+            .expect("connect");
         let (head, last) = request.split_at(request.len() - 1);
         socket.write_all(head).await.expect("send");
         sockets.push((socket, last.to_vec()));
@@ -434,11 +436,19 @@ async fn one_recipient_gets_a_bounded_number_of_sign_up_mails(backend: Backend) 
     let app = app_with_open_signup(backend, &mail).await;
     let mut pages = Vec::new();
     for i in 0..6 {
-        let page = sign_up(&app, &format!("198.51.100.{}", 20 + i), "victim@example.com").await;
+        let page = sign_up(
+            &app,
+            &format!("198.51.100.{}", 20 + i),
+            "victim@example.com",
+        )
+        .await;
         assert_eq!(page.status, 200, "{}", page.body);
         pages.push(comparable(&page));
     }
-    assert!(pages.windows(2).all(|w| w[0] == w[1]), "the same page each time");
+    assert!(
+        pages.windows(2).all(|w| w[0] == w[1]),
+        "the same page each time"
+    );
     for _ in 0..MAX_MAILS {
         assert_eq!(mail.next().await.to, vec!["victim@example.com".to_string()]);
     }

@@ -275,8 +275,13 @@ impl Ocr {
         let detected = self.detect_counted(image, limits)?;
         deadline.check()?;
         let order = reading_order(&detected.boxes);
-        let lines = self.recognise_lines(image, &detected.boxes, &order, limits.max_chars, deadline)?;
-        Ok(assemble(detected.boxes.len(), lines.lines, limits.max_chars))
+        let lines =
+            self.recognise_lines(image, &detected.boxes, &order, limits.max_chars, deadline)?;
+        Ok(assemble(
+            detected.boxes.len(),
+            lines.lines,
+            limits.max_chars,
+        ))
     }
 
     /// The text boxes, in reading order, at most `max_regions`.
@@ -297,7 +302,11 @@ impl Ocr {
         .unwrap_or_else(|_| Err(OcrError::Inference("the ONNX runtime panicked".into())))
     }
 
-    fn detect_unguarded(&self, image: &RgbImage, limits: &ReadLimits) -> Result<Detected, OcrError> {
+    fn detect_unguarded(
+        &self,
+        image: &RgbImage,
+        limits: &ReadLimits,
+    ) -> Result<Detected, OcrError> {
         if limits.max_regions == 0 || image.width().min(image.height()) < MIN_IMAGE_SIDE {
             return Ok(Detected::default());
         }
@@ -314,14 +323,7 @@ impl Ocr {
                 map.len()
             )));
         }
-        let boxes = det::boxes(
-            map,
-            w,
-            h,
-            input.scale_x,
-            input.scale_y,
-            limits.max_regions,
-        );
+        let boxes = det::boxes(map, w, h, input.scale_x, input.scale_y, limits.max_regions);
         Ok(Detected {
             boxes,
             work: OcrWork {
