@@ -38,13 +38,14 @@ def png(image):
     return out.getvalue()
 
 
-def bars_png():
-    """1024x1024, 40 rows of thin bars: the detector finds 40 lines."""
+def bars_png(seed=0):
+    """1024x1024, 40 rows of thin bars: the detector finds 40 lines. `seed`
+    shifts the bars (images that differ byte for byte)."""
     image = Image.new("RGB", (1024, 1024), "white")
     draw = ImageDraw.Draw(image)
     for row in range(40):
-        y = 12 + row * 25
-        for x in range(8, 1016, 12):
+        y = 12 + row * 25 + seed % 3
+        for x in range(8 + seed % 5, 1010, 12):
             draw.rectangle([x, y, x + 5, y + 9], fill="black")
     return png(image)
 
@@ -98,6 +99,46 @@ def quantiles(xs):
     return f"n={len(xs)} p50={pick(0.5):.3f}s p90={pick(0.9):.3f}s max={xs[-1]:.3f}s"
 
 
+def flood(server, attacker, victim, quiet, body, what, args):
+    """`args.attackers` loops of the attacker's requests for `args.seconds`,
+    and the victim's small image every 0.1 s meanwhile."""
+    stop = time.monotonic() + args.seconds
+    results = []
+    sent = [0]
+
+    def attack():
+        while time.monotonic() < stop:
+            n = sent[0]
+            sent[0] += 1
+            status, seconds, headers = post(attacker, body(n))
+            results.append((status, seconds, headers.get("x-ratelimit-remaining-characters")))
+            if status == 429:
+                time.sleep(1)
+
+    cpu_before = server_cpu(server.pid)
+    threads = [threading.Thread(target=attack) for _ in range(args.attackers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    during = []
+    while time.monotonic() < stop:
+        during.append(post(victim, quiet)[1])
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    cpu = server_cpu(server.pid) - cpu_before
+    print(f"== {what} bar images, {args.attackers} attacker loops (one free key), {args.seconds:.0f} s")
+    print("  victim small image meanwhile:", quantiles(during))
+    print(f"  server CPU: {cpu:.1f} CPU-s (victim's requests included)")
+    statuses = {}
+    for status, seconds, remaining in results:
+        statuses.setdefault(status, []).append(seconds)
+    for status, times in sorted(statuses.items()):
+        print(f"  attacker {status}: {len(times)} requests, {quantiles(times)}")
+    print("  attacker's characters remaining after each 200:",
+          [r for s, _, r in results if s == 200][:12])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default="target/release/moderato")
@@ -119,6 +160,7 @@ def main():
     attacker = create_key(binary, env, "free", "attacker")
     victim = create_key(binary, env, "pro", "victim")
     explainer = create_key(binary, env, "enterprise", "explain")
+    calibration = [create_key(binary, env, "pro", f"calibrate{i}") for i in range(4)]
     server = subprocess.Popen([binary, "serve"], env=env)
     try:
         for _ in range(600):
@@ -127,41 +169,26 @@ def main():
                 break
             except Exception:
                 time.sleep(0.2)
-        bars, small = bars_png(), small_png()
-        flood = {"input": [item(bars)] * 8}
+        small = small_png()
         quiet = {"input": [item(small)]}
-
+        # What a character of the allowance buys: fresh keys (full buckets)
+        # each send one image of bars; charge = limit - remaining.
+        post(explainer, {"input": [item(bars_png(999))]})
+        for n, key in enumerate(calibration):
+            before = server_cpu(server.pid)
+            status, seconds, headers = post(key, {"input": [item(bars_png(1000 + n))]})
+            cpu = server_cpu(server.pid) - before
+            charge = int(headers["x-ratelimit-limit-characters"]) - int(headers["x-ratelimit-remaining-characters"])
+            print(f"one bar image: {status} in {seconds:.2f} s, {cpu:.2f} CPU-s, charged {charge} characters"
+                  f" ({charge / max(cpu, 1e-9):,.0f} characters per CPU-s)")
         alone = [post(victim, quiet)[1] for _ in range(20)]
         print("victim small image alone:", quantiles(alone))
-
-        stop = time.monotonic() + args.seconds
-        results = []
-
-        def attack():
-            while time.monotonic() < stop:
-                before = server_cpu(server.pid)
-                status, seconds, headers = post(attacker, flood)
-                remaining = headers.get("x-ratelimit-remaining-characters")
-                results.append((status, seconds, remaining, server_cpu(server.pid) - before))
-                if status == 429:
-                    time.sleep(1)
-
-        cpu_before = server_cpu(server.pid)
-        threads = [threading.Thread(target=attack) for _ in range(args.attackers)]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)
-        during = []
-        while time.monotonic() < stop:
-            during.append(post(victim, quiet)[1])
-            time.sleep(0.1)
-        for t in threads:
-            t.join()
-        cpu = server_cpu(server.pid) - cpu_before
-        print(f"victim small image during {args.attackers} attackers:", quantiles(during))
-        print(f"server CPU during the flood: {cpu:.1f} CPU-s in {args.seconds:.0f} s")
-        for status, seconds, remaining, cpu in results:
-            print(f"  attacker: {status} in {seconds:.2f} s, chars remaining {remaining}, ~{cpu:.1f} CPU-s (server, shared)")
+        # The issue's attack (8 identical images), then the worst case for
+        # the cache (8 different images in every request).
+        same = {"input": [item(bars_png(0))] * 8}
+        different = [{"input": [item(bars_png(r * 8 + i)) for i in range(8)]} for r in range(64)]
+        flood(server, attacker, victim, quiet, lambda n: same, "8 identical", args)
+        flood(server, attacker, victim, quiet, lambda n: different[n % 64], "8 different", args)
 
         kys = {"input": [{"type": "text", "text": "kys " * 6250} for _ in range(4)]}
         for explain in (False, True):

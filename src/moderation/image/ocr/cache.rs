@@ -22,10 +22,13 @@ impl ImageDigest {
     }
 }
 
+/// One account's read of one image: its text, or `None` for no text.
+type Reads = LruCache<(Tenant, ImageDigest), Option<ReadText>>;
+
 /// Whole reads (the image's own limits, not cut short by its request's),
 /// the image's text or `None` for no text.
 pub struct ReadCache {
-    entries: Option<Mutex<LruCache<(Tenant, ImageDigest), Option<ReadText>>>>,
+    entries: Option<Mutex<Reads>>,
 }
 
 impl ReadCache {
