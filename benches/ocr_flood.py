@@ -84,10 +84,12 @@ def server_cpu(pid):
 
 
 def create_key(binary, env, tier, name):
-    out = subprocess.run(
-        [binary, "keys", "create", "--name", name, "--tier", tier, "--json"],
-        env=env, check=True, capture_output=True, text=True,
-    )
+    command = [binary, "keys", "create", "--name", name, "--tier", tier, "--json"]
+    if tier == "enterprise":
+        command += ["--rpm", "100000"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"keys create failed: {out.stderr}")
     return json.loads(out.stdout)["key"]
 
 

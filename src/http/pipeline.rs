@@ -4,6 +4,8 @@
 //! and `/v1/moderations` each parse their own input into [`Item`]s and
 //! write their own body; everything between is here, once.
 
+use std::sync::Arc;
+
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
@@ -14,9 +16,12 @@ use super::error::ApiError;
 use super::AppState;
 use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
+use crate::access::Bucket;
 use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
-use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation, Requester};
+use crate::moderation::engine::{
+    EngineError, Explain, Item, ItemOutcome, Moderation, OcrPayer, Requester,
+};
 use crate::moderation::fair::Tenant;
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
@@ -111,19 +116,14 @@ pub async fn moderate(
         }
     };
     let kinds: Vec<ItemKind> = items.iter().map(ItemKind::of).collect();
-    // Reading images is charged by its work after the fact, and may cost
-    // at most what the allowance has left: the request is admitted only
-    // with room left, and its reading stops before overdrawing it.
-    let ocr_allowance = match ocr_admission(state, key, &items, characters.as_ref()).await {
-        Ok(room) => room,
-        Err(refused) => {
-            stats.rate_limited = true;
-            let mut response = refused.into_response();
-            response.extensions_mut().insert(stats);
-            return Ok(Err(response));
-        }
-    };
-    let requester = Requester::new(tenant_of(key), ocr_allowance);
+    // Reading images is paid for from the character allowance before
+    // each part of it is done (`ocr.charge_per_megapixel_*`), read or not.
+    let payer = Arc::new(AllowancePayer {
+        state: state.clone(),
+        bucket: key.1.characters.clone(),
+        last: std::sync::Mutex::default(),
+    });
+    let requester = Requester::new(tenant_of(key), payer.clone());
     // The key's policy as read with the key (at most the key cache's TTL
     // old), the same one the response names.
     let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
@@ -131,29 +131,22 @@ pub async fn moderate(
         .engine
         .moderate_with(items, analyze_images, &rules, explain, &requester)
         .await;
-    // The reading's work is charged whatever the answer: a request cut
-    // short by its deadline still used the CPU.
+    let moderation = moderated.map_err(|error| engine_error(error, &kinds, field))?;
+    // Text read in images is known only once read: it counts as text
+    // scored, and is charged to the allowance after the fact (the request
+    // is answered; the next ones wait for it). The reading's work, paid
+    // already, counts in the usage's characters too.
+    let read = moderation.image_text_chars();
     let work = state
         .engine
         .ocr_charge(&requester.work())
         .unwrap_or_default();
-    let moderation = match moderated {
-        Ok(moderation) => moderation,
-        Err(error) => {
-            charge_read_characters(state, key, work).await;
-            return Err(engine_error(error, &kinds, field));
-        }
-    };
-    // Text read in images is known only once read: it counts as text
-    // scored, and is charged to the allowance after the fact (the request
-    // is answered; the next ones wait for it), with the work of reading
-    // it, in characters too (`ocr.charge_per_megapixel_*`).
-    let read = moderation.image_text_chars() + work;
-    stats.text_chars += read;
-    let characters = match charge_read_characters(state, key, read).await {
-        Some(decision) => Some(decision),
-        None => characters,
-    };
+    stats.text_chars += read + work;
+    // The headers say what is left after the last charge.
+    let characters = charge_read_characters(state, key, read)
+        .await
+        .or_else(|| payer.last())
+        .or(characters);
     count_scored(&stats, &moderation);
     stats.flagged = moderation.flagged;
     stats.deep_analyses = moderation.deep_analyses;
@@ -237,38 +230,38 @@ fn tenant_of(key: &AuthenticatedKey) -> Tenant {
     }
 }
 
-/// The characters of the allowance a request's OCR may be charged: for a
-/// request with images, when the server reads them, the room its bucket
-/// has left (refused with 429 when it has none); otherwise unbounded (no
-/// reading happens).
-async fn ocr_admission(
-    state: &AppState,
-    key: &AuthenticatedKey,
-    items: &[Item],
-    text_charge: Option<&Decision>,
-) -> Result<u64, ApiError> {
-    let has_images = items.iter().any(|i| matches!(i, Item::Image(_)));
-    if !has_images || !state.engine.reads_images() {
-        return Ok(u64::MAX);
+/// Pays for OCR work from a key's character allowance (its account's,
+/// for a customer's key), through the rate limiter shared by replicas.
+struct AllowancePayer {
+    state: AppState,
+    bucket: Bucket,
+    /// The limiter's answer to the last payment, for the response's headers.
+    last: std::sync::Mutex<Option<Decision>>,
+}
+
+impl AllowancePayer {
+    fn last(&self) -> Option<Decision> {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
-    let decision = match text_charge {
-        Some(decision) => *decision,
-        // One character: enough to learn the room left, and to refuse an
-        // empty allowance before any image is decoded.
-        None => {
-            let bucket = &key.1.characters;
-            state
-                .limiter
-                .check_n(&bucket.name, bucket.per_minute, 1)
-                .await
+}
+
+#[async_trait::async_trait]
+impl OcrPayer for AllowancePayer {
+    async fn pay(&self, chars: u64) -> bool {
+        let Ok(cost) = u32::try_from(chars) else {
+            return false;
+        };
+        if cost > self.bucket.per_minute {
+            return false;
         }
-    };
-    if !decision.allowed {
-        return Err(ApiError::RateLimited {
-            retry_after: decision.retry_after,
-        });
+        let decision = self
+            .state
+            .limiter
+            .check_n(&self.bucket.name, self.bucket.per_minute, cost)
+            .await;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(decision);
+        decision.allowed
     }
-    Ok(u64::from(decision.remaining))
 }
 
 /// Charges `chars` read from images to the key's character allowance. The

@@ -204,10 +204,10 @@ pub enum EngineError {
     Busy(Duration),
     #[error("classifier failed: {0}")]
     Classifier(#[from] anyhow::Error),
-    /// Reading the images' text would cost more than the request's
-    /// character allowance has left.
-    #[error("reading the text in the images needs more of the character allowance than is left ({left} characters)")]
-    OcrAllowanceSpent { left: u64 },
+    /// Reading the images' text would cost more than the character
+    /// allowance has left.
+    #[error("reading the text in the images needs {needed} more characters of the allowance than it has left")]
+    OcrAllowanceSpent { needed: u64 },
 }
 
 /// The bounds of one request's work.
@@ -245,32 +245,45 @@ pub struct OcrParts {
 /// one short job, not for a whole image of forty lines.
 const LINES_PER_JOB_PER_WORKER: usize = 2;
 
-/// Who a request is for, and what its reading of images may spend.
-#[derive(Clone, Debug)]
+/// Where a request's OCR work is paid for, in characters of its
+/// allowance, before it is done: concurrent requests of one account draw
+/// on one bucket, so together they cannot read more than it holds.
+#[async_trait::async_trait]
+pub trait OcrPayer: Send + Sync {
+    /// Takes `chars` from the allowance; `false` (nothing taken) when it
+    /// has not that much left.
+    async fn pay(&self, chars: u64) -> bool;
+}
+
+/// Who a request is for, and what pays for its reading of images.
+#[derive(Clone)]
 pub struct Requester {
     /// Its account (the heavy lane's turns are per tenant, and the OCR
     /// cache is kept per tenant).
     pub tenant: Tenant,
-    /// Characters of the allowance the request's OCR work may be charged:
-    /// reading stops (and the request is refused) before it costs more.
-    pub ocr_allowance: u64,
-    /// The OCR work done, read or not, kept also when the request fails
-    /// (a deadline): it is charged whatever the answer.
-    pub ocr_work: Arc<Mutex<OcrWork>>,
+    /// `None`: unmetered (benchmarks and tests of the core).
+    payer: Option<Arc<dyn OcrPayer>>,
+    /// The OCR work paid for (before it was done; done, read or not,
+    /// unless the request ended first).
+    ocr_work: Arc<Mutex<OcrWork>>,
 }
 
 impl Requester {
-    pub fn new(tenant: Tenant, ocr_allowance: u64) -> Requester {
+    pub fn new(tenant: Tenant, payer: Arc<dyn OcrPayer>) -> Requester {
         Requester {
             tenant,
-            ocr_allowance,
+            payer: Some(payer),
             ocr_work: Arc::default(),
         }
     }
 
     /// Nobody in particular, unbounded: benchmarks and tests of the core.
     pub fn unmetered() -> Requester {
-        Requester::new(Tenant::default(), u64::MAX)
+        Requester {
+            tenant: Tenant::default(),
+            payer: None,
+            ocr_work: Arc::default(),
+        }
     }
 
     /// The OCR work done so far.
@@ -283,6 +296,21 @@ impl Requester {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .add(work);
+    }
+
+    /// Pays for `work` before it is done: `OcrAllowanceSpent` when the
+    /// allowance has not that much left.
+    async fn pay_for(&self, work: &OcrWork, prices: &OcrPrices) -> Result<(), EngineError> {
+        let chars = work.charge(prices);
+        match &self.payer {
+            Some(payer) if chars > 0 && !payer.pay(chars).await => {
+                Err(EngineError::OcrAllowanceSpent { needed: chars })
+            }
+            _ => {
+                self.add_work(work);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -718,7 +746,9 @@ impl Engine {
             };
             let detect = match (&self.ocr, &reading) {
                 (Some(ocr), Some(budget)) if cached.is_none() && budget.open() => {
-                    self.check_ocr_allowance(requester, ocr, image.header.pixels())?;
+                    requester
+                        .pay_for(&detection_work(ocr, image.header.pixels()), &ocr.prices)
+                        .await?;
                     Some((ocr.reader.clone(), ocr.limits))
                 }
                 _ => None,
@@ -752,18 +782,15 @@ impl Engine {
                 .await??;
             let text = match (found, reading.as_mut()) {
                 (Some((detected, pixels, _reservation)), Some(budget)) => match detected {
-                    Ok(detected) => {
-                        requester.add_work(&detected.work);
-                        self.read_lines(index, detected, pixels, budget, requester, deadline)
-                            .await?
-                            .and_then(|(text, whole)| {
-                                if let (Some(ocr), Some(digest), true) = (&self.ocr, digest, whole)
-                                {
-                                    ocr.cache.insert(&requester.tenant, digest, text.clone());
-                                }
-                                text
-                            })
-                    }
+                    Ok(detected) => self
+                        .read_lines(index, detected, pixels, budget, requester, deadline)
+                        .await?
+                        .and_then(|(text, whole)| {
+                            if let (Some(ocr), Some(digest), true) = (&self.ocr, digest, whole) {
+                                ocr.cache.insert(&requester.tenant, digest, text.clone());
+                            }
+                            text
+                        }),
                     Err(error) => ocr_failed(error, index).map_err(|_| self.deadline_exceeded())?,
                 },
                 // Read before for this account: nothing to do but keep to the
@@ -784,28 +811,6 @@ impl Engine {
             });
         }
         Ok(scored)
-    }
-
-    /// Refuses an image whose detection alone would cost more than the
-    /// request may still be charged.
-    fn check_ocr_allowance(
-        &self,
-        requester: &Requester,
-        ocr: &OcrParts,
-        image_pixels: u64,
-    ) -> Result<(), EngineError> {
-        let side = u64::from(ocr.limits.max_side);
-        let detection = OcrWork {
-            images: 1,
-            detector_pixels: image_pixels.min(side * side),
-            ..OcrWork::default()
-        };
-        let spent = requester.work().charge(&ocr.prices);
-        let left = requester.ocr_allowance.saturating_sub(spent);
-        if detection.charge(&ocr.prices) > left {
-            return Err(EngineError::OcrAllowanceSpent { left });
-        }
-        Ok(())
     }
 
     /// Reads the detected lines a few at a time in the heavy lane, widest
@@ -848,12 +853,7 @@ impl Engine {
                     .sum(),
                 ..OcrWork::default()
             };
-            let spent = requester.work().charge(&ocr.prices);
-            if spent + cost.charge(&ocr.prices) > requester.ocr_allowance {
-                return Err(EngineError::OcrAllowanceSpent {
-                    left: requester.ocr_allowance.saturating_sub(spent),
-                });
-            }
+            requester.pay_for(&cost, &ocr.prices).await?;
             let (reader, boxes, pixels) = (ocr.reader.clone(), boxes.clone(), pixels.clone());
             let (which, job_deadline, left) = (chunk.to_vec(), deadline.clone(), max_chars - chars);
             let lines = self
@@ -873,7 +873,6 @@ impl Engine {
                         .map_err(|_| self.deadline_exceeded());
                 }
             };
-            requester.add_work(&lines.work);
             budget.regions_left = budget
                 .regions_left
                 .saturating_sub(lines.work.regions as usize);
@@ -980,6 +979,17 @@ impl Engine {
             .iter()
             .map(|_| ImageAnalysis::with_status(status))
             .collect()
+    }
+}
+
+/// The detector's work on an image of `pixels`, as paid for before it
+/// runs: its input is the image scaled to at most `max_side` a side.
+fn detection_work(ocr: &OcrParts, pixels: u64) -> OcrWork {
+    let side = u64::from(ocr.limits.max_side);
+    OcrWork {
+        images: 1,
+        detector_pixels: pixels.min(side * side),
+        ..OcrWork::default()
     }
 }
 

@@ -267,29 +267,36 @@ async fn reading_is_charged_by_its_work_even_when_nothing_is_read() {
 }
 
 /// An image sent eight times in one request is read once: the request is
-/// charged one reading's work (and the text read, per image).
+/// charged one reading's work (and the text read, per image), as its usage
+/// record shows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identical_image_is_read_once() {
     let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
     let image = image_item(&render::line(THREAT, 28.0));
-    let (_, once) = app.create_key(Tier::Pro, None).await;
-    let (_, eight) = app.create_key(Tier::Pro, None).await;
-    let (status, one_charge, body) = charged(&app, &once, vec![image.clone()]).await;
-    assert_eq!(status, 200, "{body}");
+    let (once_id, once) = app.create_key(Tier::Pro, None).await;
+    let (eight_id, eight) = app.create_key(Tier::Pro, None).await;
+    let body = moderate(&app, &once, vec![image.clone()]).await;
     let text = body["results"][0]["extracted_text"]
         .as_str()
         .expect("the threat is read")
         .chars()
         .count() as u64;
-    let work = one_charge - text;
-    assert!(work > 0, "the reading's work is charged");
-    let (status, eight_charge, body) = charged(&app, &eight, vec![image; 8]).await;
-    assert_eq!(status, 200, "{body}");
+    let body = moderate(&app, &eight, vec![image; 8]).await;
     for result in body["results"].as_array().unwrap() {
         assert_eq!(words(&result["extracted_text"]), THREAT.to_lowercase());
     }
+    let events = app.usage_events(2).await;
+    let chars_of = |id| {
+        events
+            .iter()
+            .find(|e| e.key_id == id)
+            .expect("a usage record")
+            .text_chars
+    };
+    let work = chars_of(once_id) - text;
+    assert!(work > 0, "the reading's work is charged");
     assert_eq!(
-        eight_charge,
+        chars_of(eight_id),
         work + 8 * text,
         "one reading's work, eight texts"
     );
