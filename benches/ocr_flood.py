@@ -18,6 +18,7 @@ import io
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -173,16 +174,26 @@ def main():
                 time.sleep(0.2)
         small = small_png()
         quiet = {"input": [item(small)]}
-        # What a character of the allowance buys: fresh keys (full buckets)
-        # each send one image of bars; charge = limit - remaining.
+        # What a character of the allowance buys: one image of bars at a
+        # time; its charge is its usage record's characters (OCR work and
+        # text read), as the bucket refills while it is paid.
         post(explainer, {"input": [item(bars_png(999))]})
         for n, key in enumerate(calibration):
             before = server_cpu(server.pid)
             status, seconds, headers = post(key, {"input": [item(bars_png(1000 + n))]})
             cpu = server_cpu(server.pid) - before
-            charge = int(headers["x-ratelimit-limit-characters"]) - int(headers["x-ratelimit-remaining-characters"])
+            request_id = headers.get("x-request-id")
+            charge = None
+            for _ in range(50):
+                time.sleep(0.2)
+                with sqlite3.connect(f"{work}/bench.db") as db:
+                    row = db.execute("SELECT text_chars FROM usage_events WHERE request_id = ?",
+                                     (request_id,)).fetchone()
+                if row:
+                    charge = row[0]
+                    break
             print(f"one bar image: {status} in {seconds:.2f} s, {cpu:.2f} CPU-s, charged {charge} characters"
-                  f" ({charge / max(cpu, 1e-9):,.0f} characters per CPU-s)")
+                  f" ({(charge or 0) / max(cpu, 1e-9):,.0f} characters per CPU-s)")
         alone = [post(victim, quiet)[1] for _ in range(20)]
         print("victim small image alone:", quantiles(alone))
         # The attack (8 identical images), then the worst case for

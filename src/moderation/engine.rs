@@ -240,10 +240,12 @@ pub struct OcrParts {
     pub cache: Arc<ReadCache>,
 }
 
-/// Lines read in one job of the heavy lane: a few, so that the lane turns
-/// over every tenth of a second or so and another account's image waits for
-/// one short job, not for a whole image of forty lines.
-const LINES_PER_JOB_PER_WORKER: usize = 2;
+/// Lines read in one job of the heavy lane: one per recogniser session, so
+/// that the lane turns over every tenth of a second or so and another
+/// account's image waits for one short job, not for a whole image of forty
+/// lines (measured in benches/ocr_flood.py: 2 a session let another
+/// account's small image wait up to 0.85 s more on a debug build).
+const LINES_PER_JOB_PER_WORKER: usize = 1;
 
 /// Where a request's OCR work is paid for, in characters of its
 /// allowance, before it is done: concurrent requests of one account draw
