@@ -126,6 +126,16 @@ pub struct OcrConfig {
     pub max_chars_per_image: usize,
     /// Characters read from all the images of one request together.
     pub max_chars_per_request: usize,
+    /// Text regions (lines) read from all the images of one request together.
+    pub max_regions_per_request: usize,
+    /// Whole reads kept per process, by account and image bytes (0: none).
+    pub cache_entries: usize,
+    /// Characters of the allowance charged per million pixels the detector
+    /// looks at, text or not.
+    pub charge_per_megapixel_detected: u64,
+    /// Characters of the allowance charged per million pixels of lines given
+    /// to the recogniser, read with confidence or not.
+    pub charge_per_megapixel_read: u64,
     /// Threads each model run uses (ONNX Runtime's intra-op threads).
     pub threads: usize,
 }

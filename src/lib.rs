@@ -135,6 +135,7 @@ pub async fn run_with_metrics(
         dashboard: config.dashboard.clone(),
         sign_up: dashboard::SignUpDoor::from_config(&config)?,
         sign_in_attempts: dashboard::AttemptLocks::default(),
+        sign_up_attempts: dashboard::AttemptLocks::default(),
     }));
     let app = http::router(state);
     tracing::info!(address = %listener.local_addr()?, "moderato listening");
@@ -322,6 +323,14 @@ fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrPa
             max_chars: o.max_chars_per_image,
         },
         max_chars_per_request: o.max_chars_per_request,
+        max_regions_per_request: o.max_regions_per_request,
+        prices: moderation::image::ocr::OcrPrices {
+            per_megapixel_detected: o.charge_per_megapixel_detected,
+            per_megapixel_read: o.charge_per_megapixel_read,
+        },
+        cache: Arc::new(moderation::image::ocr::cache::ReadCache::new(
+            o.cache_entries,
+        )),
     }))
 }
 

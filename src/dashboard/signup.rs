@@ -17,6 +17,16 @@
 //! attempts per client address (IPv6: per /64) per [`SIGN_UP_WINDOW`], new
 //! and taken addresses alike, then 429 with `Retry-After`.
 //!
+//! Counting an attempt and recording it are one step per client address:
+//! sign-ups from one address run one at a time in this process (the
+//! [`AttemptLocks`](super::AttemptLocks) sign-in uses), so a burst sent
+//! together cannot all read the count before any is recorded (issue #58, C:
+//! 100 held-back requests released at once made 100 accounts). One
+//! recipient gets at most [`MAX_MAILS_PER_RECIPIENT`] sign-up e-mails per
+//! [`SIGN_UP_WINDOW`], whoever asks: past it the page is the same, and no
+//! mail is sent, so nobody can flood a stranger's mailbox from many
+//! addresses.
+//!
 //! The attempts have their own table rather than rows in the sign-in
 //! failures: those are counted per address for any e-mail, so sign-ups
 //! there would lock the address out of signing in, and the two bounds
@@ -48,6 +58,16 @@ use crate::store::StoreError;
 /// Sign-up attempts allowed per client address within [`SIGN_UP_WINDOW`].
 pub const MAX_SIGN_UPS: u32 = 5;
 pub const SIGN_UP_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Sign-up e-mails (links or notes) one recipient gets within
+/// [`SIGN_UP_WINDOW`]: room for a stranger's sign-up and then the owner's
+/// own, and a retry.
+pub const MAX_MAILS_PER_RECIPIENT: u32 = 3;
+
+/// The key a recipient's sign-up e-mails are counted under, in the same
+/// table as the client addresses' attempts (which never start with `to:`).
+fn recipient_key(email: &Email) -> String {
+    format!("to:{email}")
+}
 
 /// The sign-up page: the form, or (`sent_to`) what to do next.
 fn signup_page_with(
@@ -140,34 +160,58 @@ pub async fn signup(
     check_form_token(&state, &headers, &form.csrf_token)?;
     let address =
         client_key(client_address(peer.ip(), &headers, &state.trusted_proxies)).to_string();
-    let now = Utc::now();
     let window = chrono::Duration::from_std(SIGN_UP_WINDOW).expect("one hour");
-    let earlier = state.store.sign_ups(&address, now - window).await?;
-    if earlier.count >= MAX_SIGN_UPS {
-        let mut response = signup_form(
-            &state,
-            StatusCode::TOO_MANY_REQUESTS,
-            form.email,
-            "Too many sign-ups from your network: try again later.".to_owned(),
-        );
-        response.headers_mut().insert(
-            RETRY_AFTER,
-            HeaderValue::from(retry_after(&earlier, window, now)),
-        );
-        return Ok(response);
-    }
-    let email = match Email::parse(&form.email) {
-        Ok(email) => email,
-        Err(e) => {
-            return Ok(signup_form(
+    let (email, now) = {
+        // Counted and recorded as one step for this address: the attempts
+        // sent together wait here, each seeing the ones before it.
+        let _turn = state
+            .sign_up_attempts
+            .lock(format!("sign-up address:{address}"))
+            .await;
+        let now = Utc::now();
+        let earlier = state.store.sign_ups(&address, now - window).await?;
+        if earlier.count >= MAX_SIGN_UPS {
+            let mut response = signup_form(
                 &state,
-                StatusCode::BAD_REQUEST,
+                StatusCode::TOO_MANY_REQUESTS,
                 form.email,
-                e.to_string(),
-            ))
+                "Too many sign-ups from your network: try again later.".to_owned(),
+            );
+            response.headers_mut().insert(
+                RETRY_AFTER,
+                HeaderValue::from(retry_after(&earlier, window, now)),
+            );
+            return Ok(response);
         }
+        let email = match Email::parse(&form.email) {
+            Ok(email) => email,
+            Err(e) => {
+                return Ok(signup_form(
+                    &state,
+                    StatusCode::BAD_REQUEST,
+                    form.email,
+                    e.to_string(),
+                ))
+            }
+        };
+        state.store.record_sign_up(&address, now).await?;
+        (email, now)
     };
-    state.store.record_sign_up(&address, now).await?;
+    // The same for the recipient (always after the address's turn, so two
+    // sign-ups never wait for each other crosswise).
+    let recipient = recipient_key(&email);
+    let _turn = state
+        .sign_up_attempts
+        .lock(format!("sign-up {recipient}"))
+        .await;
+    let mailed = state.store.sign_ups(&recipient, now - window).await?;
+    if mailed.count >= MAX_MAILS_PER_RECIPIENT {
+        // The page a sent e-mail gets: the bound says nothing about the
+        // address, and the mailbox already has this hour's links.
+        tracing::info!("sign-up e-mail not sent: the recipient's bound for the hour is reached");
+        return Ok(sent_page(&state, &email));
+    }
+    state.store.record_sign_up(&recipient, now).await?;
     let sent = match applicant(&state, &email).await? {
         Applicant::Unconfirmed(account) => {
             let link = issue_password_link(&state, &account).await?;
@@ -188,11 +232,16 @@ pub async fn signup(
             "We could not send the e-mail just now: try again in a few minutes.".to_owned(),
         ));
     }
-    Ok(signup_page_with(
-        &state,
+    Ok(sent_page(&state, &email))
+}
+
+/// What to do next, after the e-mail to `email`.
+fn sent_page(state: &AppState, email: &Email) -> Response {
+    signup_page_with(
+        state,
         StatusCode::OK,
         String::new(),
         None,
         Some(email.to_string()),
-    ))
+    )
 }

@@ -73,6 +73,9 @@ pub struct Shared {
     pub sign_up: crate::dashboard::SignUpDoor,
     /// Dashboard sign-ins of one account or address, one at a time.
     pub sign_in_attempts: crate::dashboard::AttemptLocks,
+    /// Sign-ups of one client address, and e-mails to one recipient, one
+    /// at a time.
+    pub sign_up_attempts: crate::dashboard::AttemptLocks,
 }
 
 #[derive(Clone)]

@@ -4,6 +4,8 @@
 //! and `/v1/moderations` each parse their own input into [`Item`]s and
 //! write their own body; everything between is here, once.
 
+use std::sync::Arc;
+
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
@@ -14,9 +16,13 @@ use super::error::ApiError;
 use super::AppState;
 use crate::access::ratelimit::Decision;
 use crate::access::usage::UsageStats;
+use crate::access::Bucket;
 use crate::access::KeyOwner;
 use crate::config::{BudgetConfig, Limits};
-use crate::moderation::engine::{EngineError, Explain, Item, ItemOutcome, Moderation};
+use crate::moderation::engine::{
+    EngineError, Explain, Item, ItemOutcome, Moderation, OcrPayer, Requester,
+};
+use crate::moderation::fair::Tenant;
 use crate::moderation::image::decode::ImageError;
 use crate::moderation::image::remote::FetchError;
 use crate::moderation::{Category, Speed};
@@ -121,24 +127,38 @@ pub async fn moderate(
         }
     };
     let kinds: Vec<ItemKind> = items.iter().map(ItemKind::of).collect();
+    // Reading images is paid for from the character allowance before
+    // each part of it is done (`ocr.charge_per_megapixel_*`), read or not.
+    let payer = Arc::new(AllowancePayer {
+        state: state.clone(),
+        bucket: key.1.characters.clone(),
+        last: std::sync::Mutex::default(),
+    });
+    let requester = Requester::new(tenant_of(key), payer.clone());
     // The key's policy as read with the key (at most the key cache's TTL
     // old), the same one the response names.
     let rules = key.0.policy.as_ref().map(|p| p.rules).unwrap_or_default();
     let speed = key_speed(key);
-    let moderation = state
+    let moderated = state
         .engine
-        .moderate_with(items, analyze_images, &rules, speed, explain)
-        .await
-        .map_err(|error| engine_error(error, &kinds, field))?;
+        .moderate_with(items, analyze_images, &rules, speed, explain, &requester)
+        .await;
+    let moderation = moderated.map_err(|error| engine_error(error, &kinds, field))?;
     // Text read in images is known only once read: it counts as text
     // scored, and is charged to the allowance after the fact (the request
-    // is answered; the next ones wait for it).
+    // is answered; the next ones wait for it). The reading's work, paid
+    // already, counts in the usage's characters too.
     let read = moderation.image_text_chars();
-    stats.text_chars += read;
-    let characters = match charge_read_characters(state, key, read).await {
-        Some(decision) => Some(decision),
-        None => characters,
-    };
+    let work = state
+        .engine
+        .ocr_charge(&requester.work())
+        .unwrap_or_default();
+    stats.text_chars += read + work;
+    // The headers say what is left after the last charge.
+    let characters = charge_read_characters(state, key, read)
+        .await
+        .or_else(|| payer.last())
+        .or(characters);
     count_scored(&stats, &moderation);
     stats.flagged = moderation.flagged;
     stats.deep_analyses = moderation.deep_analyses;
@@ -211,6 +231,49 @@ async fn charge_characters(
             retry_after: decision.retry_after,
         })
     })
+}
+
+/// Whose turn a request's heavy jobs take in the lane: its account, or an
+/// operator key itself.
+fn tenant_of(key: &AuthenticatedKey) -> Tenant {
+    match &key.0.owner {
+        KeyOwner::Account { id, .. } => Tenant::new(format!("account:{id}")),
+        KeyOwner::Operator => Tenant::new(format!("key:{}", key.0.id)),
+    }
+}
+
+/// Pays for OCR work from a key's character allowance (its account's,
+/// for a customer's key), through the rate limiter shared by replicas.
+struct AllowancePayer {
+    state: AppState,
+    bucket: Bucket,
+    /// The limiter's answer to the last payment, for the response's headers.
+    last: std::sync::Mutex<Option<Decision>>,
+}
+
+impl AllowancePayer {
+    fn last(&self) -> Option<Decision> {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl OcrPayer for AllowancePayer {
+    async fn pay(&self, chars: u64) -> bool {
+        let Ok(cost) = u32::try_from(chars) else {
+            return false;
+        };
+        if cost > self.bucket.per_minute {
+            return false;
+        }
+        let decision = self
+            .state
+            .limiter
+            .check_n(&self.bucket.name, self.bucket.per_minute, cost)
+            .await;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(decision);
+        decision.allowed
+    }
 }
 
 /// Charges `chars` read from images to the key's character allowance. The
@@ -338,6 +401,10 @@ fn engine_error(error: EngineError, kinds: &[ItemKind], field: FieldName<'_>) ->
             "input[{index}]: image items are not accepted because this server has no image classifier configured"
         )),
         EngineError::Classifier(e) => ApiError::Internal(format!("classifier: {e:#}")),
+        // Try again when the allowance has refilled: a minute at most.
+        EngineError::OcrAllowanceSpent { .. } => ApiError::RateLimited {
+            retry_after: std::time::Duration::from_secs(60),
+        },
     }
 }
 

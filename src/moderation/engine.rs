@@ -7,7 +7,7 @@
 //! are decoded, scored and dropped one at a time; and CPU jobs run in two
 //! lanes, so a short text never queues behind heavy jobs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,10 +19,16 @@ use super::category::{
 use super::classifier::{ImageClassifier, ImageScores, TextClassifier, TextEvidence};
 use super::deadline::{Deadline, DeadlineExceeded};
 use super::explain::{self, Evidence, Explanation, ItemRange, ItemRanges, ItemSpan, Span};
+use super::fair::{FairLane, Tenant};
 use super::image::decode::{
     self as image, DecodeBudget, ImageError, ImageFormat, ImageHeader, ImageLimits,
 };
-use super::image::ocr::{Ocr, OcrError, ReadLimits, ReadText};
+use super::image::ocr::cache::{ImageDigest, ReadCache};
+use super::image::ocr::det::TextBox;
+use super::image::ocr::{
+    assemble, line_input_pixels, reading_order, Detected, Ocr, OcrError, OcrPrices, OcrWork,
+    ReadLimits, ReadText,
+};
 use super::image::remote::{FetchError, RemoteImageUrl};
 use super::image::vision::{AnalysisStatus, ImageAnalysis, VisionClient, VisionImage};
 use super::speed::Speed;
@@ -205,6 +211,10 @@ pub enum EngineError {
     Busy(Duration),
     #[error("classifier failed: {0}")]
     Classifier(#[from] anyhow::Error),
+    /// Reading the images' text would cost more than the character
+    /// allowance has left.
+    #[error("reading the text in the images needs {needed} more characters of the allowance than it has left")]
+    OcrAllowanceSpent { needed: u64 },
 }
 
 /// The bounds of one request's work.
@@ -229,6 +239,88 @@ pub struct OcrParts {
     pub limits: ReadLimits,
     /// Characters read from all the images of one request together.
     pub max_chars_per_request: usize,
+    /// Lines read from all the images of one request together.
+    pub max_regions_per_request: usize,
+    /// What the reading work costs in characters of the allowance.
+    pub prices: OcrPrices,
+    /// Whole reads, per account, by the image's bytes.
+    pub cache: Arc<ReadCache>,
+}
+
+/// Lines read in one job of the heavy lane: one per recogniser session, so
+/// that the lane turns over every tenth of a second or so and another
+/// account's image waits for one short job, not for a whole image of forty
+/// lines (measured in benches/ocr_flood.py: 2 a session let another
+/// account's small image wait up to 0.85 s more on a debug build).
+const LINES_PER_JOB_PER_WORKER: usize = 1;
+
+/// Where a request's OCR work is paid for, in characters of its
+/// allowance, before it is done: concurrent requests of one account draw
+/// on one bucket, so together they cannot read more than it holds.
+#[async_trait::async_trait]
+pub trait OcrPayer: Send + Sync {
+    /// Takes `chars` from the allowance; `false` (nothing taken) when it
+    /// has not that much left.
+    async fn pay(&self, chars: u64) -> bool;
+}
+
+/// Who a request is for, and what pays for its reading of images.
+#[derive(Clone)]
+pub struct Requester {
+    /// Its account (the heavy lane's turns are per tenant, and the OCR
+    /// cache is kept per tenant).
+    pub tenant: Tenant,
+    /// `None`: unmetered (benchmarks and tests of the core).
+    payer: Option<Arc<dyn OcrPayer>>,
+    /// The OCR work paid for (before it was done; done, read or not,
+    /// unless the request ended first).
+    ocr_work: Arc<Mutex<OcrWork>>,
+}
+
+impl Requester {
+    pub fn new(tenant: Tenant, payer: Arc<dyn OcrPayer>) -> Requester {
+        Requester {
+            tenant,
+            payer: Some(payer),
+            ocr_work: Arc::default(),
+        }
+    }
+
+    /// Nobody in particular, unbounded: benchmarks and tests of the core.
+    pub fn unmetered() -> Requester {
+        Requester {
+            tenant: Tenant::default(),
+            payer: None,
+            ocr_work: Arc::default(),
+        }
+    }
+
+    /// The OCR work done so far.
+    pub fn work(&self) -> OcrWork {
+        *self.ocr_work.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add_work(&self, work: &OcrWork) {
+        self.ocr_work
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(work);
+    }
+
+    /// Pays for `work` before it is done: `OcrAllowanceSpent` when the
+    /// allowance has not that much left.
+    async fn pay_for(&self, work: &OcrWork, prices: &OcrPrices) -> Result<(), EngineError> {
+        let chars = work.charge(prices);
+        match &self.payer {
+            Some(payer) if chars > 0 && !payer.pay(chars).await => {
+                Err(EngineError::OcrAllowanceSpent { needed: chars })
+            }
+            _ => {
+                self.add_work(work);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Which CPU lane a job runs in.
@@ -253,7 +345,9 @@ pub struct Engine {
     /// oversubscribing the cores, and heavy jobs (long texts, large images)
     /// hold at most half the cores while light ones keep their own slots.
     light: Arc<Semaphore>,
-    heavy: Arc<Semaphore>,
+    /// Served in turns per tenant: one account's queued images never hold
+    /// another's behind all of them.
+    heavy: Arc<FairLane>,
 }
 
 pub struct EngineParts {
@@ -318,7 +412,7 @@ impl Engine {
             ),
             budget: parts.budget,
             light: Arc::new(Semaphore::new(cores * 2)),
-            heavy: Arc::new(Semaphore::new((cores / 2).max(1))),
+            heavy: FairLane::new((cores / 2).max(1)),
         }
     }
 
@@ -326,6 +420,16 @@ impl Engine {
     /// included), which a policy's rules replace: shown beside a policy's form.
     pub fn shipped_text_thresholds(&self) -> Thresholds {
         self.text_thresholds
+    }
+
+    /// Whether image items have their text read (OCR on and loaded).
+    pub fn reads_images(&self) -> bool {
+        self.image.is_some() && self.ocr.is_some()
+    }
+
+    /// What `work` costs in characters of the allowance; `None` without OCR.
+    pub fn ocr_charge(&self, work: &OcrWork) -> Option<u64> {
+        self.ocr.as_ref().map(|ocr| work.charge(&ocr.prices))
     }
 
     /// The text model that judges requests at `speed`, and its thresholds.
@@ -357,8 +461,15 @@ impl Engine {
         analyze_images: bool,
         rules: &CategoryRules,
     ) -> Result<Moderation, EngineError> {
-        self.moderate_with(items, analyze_images, rules, Speed::default(), Explain::No)
-            .await
+        self.moderate_with(
+            items,
+            analyze_images,
+            rules,
+            Speed::default(),
+            Explain::No,
+            &Requester::unmetered(),
+        )
+        .await
     }
 
     /// [`Engine::moderate`] on the text path of `speed`, with the
@@ -370,9 +481,18 @@ impl Engine {
         rules: &CategoryRules,
         speed: Speed,
         explain: Explain,
+        requester: &Requester,
     ) -> Result<Moderation, EngineError> {
         let deadline = Deadline::after(self.budget.deadline);
-        self.moderate_within(items, analyze_images, rules, speed, explain, &deadline)
+        self.moderate_within(
+            items,
+            analyze_images,
+            rules,
+            speed,
+            explain,
+            requester,
+            &deadline,
+        )
             .await
     }
 
@@ -387,6 +507,7 @@ impl Engine {
         rules: &CategoryRules,
         speed: Speed,
         explain: Explain,
+        requester: &Requester,
         deadline: &Deadline,
     ) -> Result<Moderation, EngineError> {
         let (text_model, text_thresholds) = self.text_path(speed);
@@ -414,10 +535,10 @@ impl Engine {
         }
 
         let total = texts.len() + images.len();
-        let pending = self.inspect_images(images, deadline).await?;
+        let pending = self.inspect_images(images, requester, deadline).await?;
         let reads_images = self.ocr.is_some() && !pending.is_empty();
         let images_job = async {
-            let scored = self.score_images(pending, deadline).await?;
+            let scored = self.score_images(pending, requester, deadline).await?;
             let analyses = self.deep_analysis(&scored, analyze_images).await;
             Ok::<_, EngineError>((scored, analyses))
         };
@@ -428,12 +549,12 @@ impl Engine {
             let (scored, analyses) = images_job.await?;
             let parts = text_parts(&texts, &scored);
             let scored_texts = self
-                .score_texts(&text_model, &parts, explain, deadline)
+                .score_texts(&text_model, &parts, explain, requester, deadline)
                 .await?;
             (parts, scored_texts, scored, analyses)
         } else {
             let (text_scores, images) = tokio::join!(
-                self.score_texts(&text_model, &texts, explain, deadline),
+                self.score_texts(&text_model, &texts, explain, requester, deadline),
                 images_job
             );
             let (scored, analyses) = images?;
@@ -514,16 +635,32 @@ impl Engine {
     async fn on_cpu<T: Send + 'static>(
         &self,
         lane: Lane,
+        tenant: &Tenant,
         deadline: &Deadline,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, EngineError> {
-        let slots = match lane {
-            Lane::Light => self.light.clone(),
-            Lane::Heavy => self.heavy.clone(),
-        };
         let until = tokio::time::Instant::from_std(deadline.instant());
-        let slot = match tokio::time::timeout_at(until, slots.acquire_owned()).await {
-            Ok(slot) => slot.map_err(|e| EngineError::Classifier(e.into()))?,
+        // The job's place in its lane, held while it runs.
+        let acquired = async {
+            let slot: Box<dyn Send> = match lane {
+                Lane::Light => Box::new(
+                    self.light
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|e| EngineError::Classifier(e.into()))?,
+                ),
+                Lane::Heavy => Box::new(
+                    self.heavy
+                        .acquire(tenant)
+                        .await
+                        .map_err(|e| EngineError::Classifier(e.into()))?,
+                ),
+            };
+            Ok::<_, EngineError>(slot)
+        };
+        let slot = match tokio::time::timeout_at(until, acquired).await {
+            Ok(slot) => slot?,
             Err(_) => return Err(self.deadline_exceeded()),
         };
         let running = tokio::task::spawn_blocking(move || {
@@ -549,6 +686,7 @@ impl Engine {
     async fn inspect_images(
         &self,
         images: Vec<(usize, ImageSource)>,
+        requester: &Requester,
         deadline: &Deadline,
     ) -> Result<Vec<PendingImage>, EngineError> {
         if images.is_empty() {
@@ -557,7 +695,7 @@ impl Engine {
         let loaded = self.load_images(images, deadline).await?;
         let limits = self.image_limits.clone();
         let pending = self
-            .on_cpu(Lane::Light, deadline, move || {
+            .on_cpu(Lane::Light, &requester.tenant, deadline, move || {
                 loaded
                     .into_iter()
                     .map(|(index, loaded)| {
@@ -621,16 +759,25 @@ impl Engine {
 
     /// Each image in turn: reserve its decoding memory, decode, score, and
     /// drop the pixels, so a request never holds more than one decoded image.
+    /// With OCR, its text is read too: found by the detector in the job
+    /// that scores it, then read a few lines a job (see
+    /// [`LINES_PER_JOB_PER_WORKER`]), within the request's bounds on
+    /// characters, lines and allowance; an image this account had read
+    /// before is not read again.
     async fn score_images(
         &self,
         pending: Vec<PendingImage>,
+        requester: &Requester,
         deadline: &Deadline,
     ) -> Result<Vec<ScoredImage>, EngineError> {
         let Some(classifier) = self.image.clone() else {
             return Ok(Vec::new());
         };
         let mut scored = Vec::with_capacity(pending.len());
-        let mut chars_left = self.ocr.as_ref().map_or(0, |o| o.max_chars_per_request);
+        let mut reading = self.ocr.as_ref().map(|ocr| ReadingBudget {
+            chars_left: ocr.max_chars_per_request,
+            regions_left: ocr.max_regions_per_request,
+        });
         for image in pending {
             deadline.check().map_err(|_| self.deadline_exceeded())?;
             let reservation = self
@@ -641,24 +788,29 @@ impl Engine {
             let (classifier, limits) = (classifier.clone(), self.image_limits.clone());
             let (index, format, bytes) = (image.index, image.format, image.bytes);
             let encoded = bytes.clone();
-            let ocr = self.ocr.clone().filter(|_| chars_left > 0).map(|ocr| {
-                let limits = ReadLimits {
-                    max_chars: ocr.limits.max_chars.min(chars_left),
-                    ..ocr.limits
-                };
-                (ocr.reader, limits)
-            });
-            // Reading an image takes every core for a quarter of a second or
-            // more: never in the lane that keeps short texts quick.
-            let lane = if ocr.is_none() && image.header.pixels() <= LIGHT_IMAGE_PIXELS {
+            let digest = self.ocr.as_ref().map(|_| ImageDigest::of(&bytes));
+            let cached = match (&self.ocr, digest) {
+                (Some(ocr), Some(digest)) => ocr.cache.get(&requester.tenant, digest),
+                _ => None,
+            };
+            let detect = match (&self.ocr, &reading) {
+                (Some(ocr), Some(budget)) if cached.is_none() && budget.open() => {
+                    requester
+                        .pay_for(&detection_work(ocr, image.header.pixels()), &ocr.prices)
+                        .await?;
+                    Some((ocr.reader.clone(), ocr.limits))
+                }
+                _ => None,
+            };
+            // Reading an image takes every core for a while: never in the
+            // lane that keeps short texts quick.
+            let lane = if detect.is_none() && image.header.pixels() <= LIGHT_IMAGE_PIXELS {
                 Lane::Light
             } else {
                 Lane::Heavy
             };
-            let job_deadline = deadline.clone();
-            let (scores, text) = self
-                .on_cpu(lane, deadline, move || {
-                    let _reservation = reservation;
+            let (scores, found) = self
+                .on_cpu(lane, &requester.tenant, deadline, move || {
                     let started = std::time::Instant::now();
                     let decoded = image::decode(format, encoded, &limits)
                         .map_err(|error| EngineError::Image { index, error })?;
@@ -666,27 +818,38 @@ impl Engine {
                         .score(&decoded)
                         .map_err(EngineError::Classifier)?;
                     record_model_time("image", started);
-                    let Some((reader, limits)) = ocr else {
-                        return Ok((scores, Ok(None)));
+                    let Some((reader, limits)) = detect else {
+                        return Ok((scores, None));
                     };
                     let started = std::time::Instant::now();
-                    let text = reader.read(&decoded.rgb, &limits, &job_deadline);
+                    let detected = reader.detect_counted(&decoded.rgb, &limits);
                     record_model_time("ocr", started);
-                    Ok::<_, EngineError>((scores, text))
+                    // The pixels and their memory go on to the reading.
+                    let pixels = Arc::new(decoded.rgb);
+                    Ok::<_, EngineError>((scores, Some((detected, pixels, reservation))))
                 })
                 .await??;
-            let text = match text {
-                Ok(text) => text,
-                Err(OcrError::DeadlineExceeded(_)) => return Err(self.deadline_exceeded()),
-                // The image models judged the image: a reading that failed
-                // leaves it judged by them alone rather than failing it.
-                Err(error) => {
-                    tracing::warn!(%error, item = index, "OCR failed; the image is judged without its text");
-                    None
-                }
+            let text = match (found, reading.as_mut()) {
+                (Some((detected, pixels, _reservation)), Some(budget)) => match detected {
+                    Ok(detected) => self
+                        .read_lines(index, detected, pixels, budget, requester, deadline)
+                        .await?
+                        .and_then(|(text, whole)| {
+                            if let (Some(ocr), Some(digest), true) = (&self.ocr, digest, whole) {
+                                ocr.cache.insert(&requester.tenant, digest, text.clone());
+                            }
+                            text
+                        }),
+                    Err(error) => ocr_failed(error, index).map_err(|_| self.deadline_exceeded())?,
+                },
+                // Read before for this account: nothing to do but keep to the
+                // request's characters.
+                _ => cached
+                    .flatten()
+                    .and_then(|text| text.truncated(reading.as_ref().map_or(0, |b| b.chars_left))),
             };
-            if let Some(text) = &text {
-                chars_left = chars_left.saturating_sub(text.chars());
+            if let (Some(text), Some(budget)) = (&text, reading.as_mut()) {
+                budget.chars_left = budget.chars_left.saturating_sub(text.chars());
             }
             scored.push(ScoredImage {
                 index,
@@ -699,6 +862,79 @@ impl Engine {
         Ok(scored)
     }
 
+    /// Reads the detected lines a few at a time in the heavy lane, widest
+    /// first, until the image's or the request's characters are read, the
+    /// request's lines are used up, or the allowance would be overdrawn.
+    /// `Some((text, whole))`: `whole` when nothing but the image's own
+    /// limits cut the reading (a read worth keeping). `None` when reading
+    /// failed (logged; the image is judged without its text).
+    async fn read_lines(
+        &self,
+        index: usize,
+        detected: Detected,
+        pixels: Arc<::image::RgbImage>,
+        budget: &mut ReadingBudget,
+        requester: &Requester,
+        deadline: &Deadline,
+    ) -> Result<Option<(Option<ReadText>, bool)>, EngineError> {
+        let Some(ocr) = &self.ocr else {
+            return Ok(Some((None, false)));
+        };
+        let boxes: Arc<Vec<TextBox>> = Arc::new(detected.boxes);
+        let mut order = reading_order(&boxes);
+        let max_chars = ocr.limits.max_chars.min(budget.chars_left);
+        let mut whole = max_chars == ocr.limits.max_chars;
+        if order.len() > budget.regions_left {
+            order.truncate(budget.regions_left);
+            whole = false;
+        }
+        let per_job = LINES_PER_JOB_PER_WORKER * ocr.reader.workers().max(1);
+        let mut read: Vec<(usize, String)> = Vec::new();
+        let mut chars = 0;
+        for chunk in order.chunks(per_job) {
+            if chars >= max_chars {
+                break;
+            }
+            let cost = OcrWork {
+                line_pixels: chunk
+                    .iter()
+                    .map(|&i| line_input_pixels(&boxes[i]) as u64)
+                    .sum(),
+                ..OcrWork::default()
+            };
+            requester.pay_for(&cost, &ocr.prices).await?;
+            let (reader, boxes, pixels) = (ocr.reader.clone(), boxes.clone(), pixels.clone());
+            let (which, job_deadline, left) = (chunk.to_vec(), deadline.clone(), max_chars - chars);
+            let lines = self
+                .on_cpu(Lane::Heavy, &requester.tenant, deadline, move || {
+                    let started = std::time::Instant::now();
+                    let lines =
+                        reader.recognise_lines(&pixels, &boxes, &which, left, &job_deadline);
+                    record_model_time("ocr", started);
+                    lines
+                })
+                .await?;
+            let lines = match lines {
+                Ok(lines) => lines,
+                Err(error) => {
+                    return ocr_failed(error, index)
+                        .map(|_| None)
+                        .map_err(|_| self.deadline_exceeded());
+                }
+            };
+            budget.regions_left = budget
+                .regions_left
+                .saturating_sub(lines.work.regions as usize);
+            chars += lines
+                .lines
+                .iter()
+                .map(|(_, t)| t.chars().count())
+                .sum::<usize>();
+            read.extend(lines.lines);
+        }
+        Ok(Some((assemble(boxes.len(), read, max_chars), whole)))
+    }
+
     /// Each text and (see [`TextClassifier::score_items`]) all of them as one.
     /// With `explain`, also the evidence behind the scores.
     async fn score_texts(
@@ -706,6 +942,7 @@ impl Engine {
         classifier: &Arc<dyn TextClassifier>,
         texts: &[(usize, String)],
         explain: Explain,
+        requester: &Requester,
         deadline: &Deadline,
     ) -> Result<ScoredTexts, EngineError> {
         if texts.is_empty() {
@@ -728,7 +965,7 @@ impl Engine {
         let classifier = classifier.clone();
         let job_deadline = deadline.clone();
         let scored = self
-            .on_cpu(lane, deadline, move || {
+            .on_cpu(lane, &requester.tenant, deadline, move || {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
                 let started = std::time::Instant::now();
                 let scored = match explain {
@@ -792,6 +1029,42 @@ impl Engine {
             .iter()
             .map(|_| ImageAnalysis::with_status(status))
             .collect()
+    }
+}
+
+/// The detector's work on an image of `pixels`, as paid for before it
+/// runs: its input is the image scaled to at most `max_side` a side.
+fn detection_work(ocr: &OcrParts, pixels: u64) -> OcrWork {
+    let side = u64::from(ocr.limits.max_side);
+    OcrWork {
+        images: 1,
+        detector_pixels: pixels.min(side * side),
+        ..OcrWork::default()
+    }
+}
+
+/// What the rest of a request's images may still be read for.
+struct ReadingBudget {
+    chars_left: usize,
+    regions_left: usize,
+}
+
+impl ReadingBudget {
+    fn open(&self) -> bool {
+        self.chars_left > 0 && self.regions_left > 0
+    }
+}
+
+/// A failed reading: `Err` for the deadline (the request ends), else
+/// logged and `Ok(None)`: the image models judged the image, so a reading
+/// that failed leaves it judged by them alone rather than failing it.
+fn ocr_failed(error: OcrError, index: usize) -> Result<Option<ReadText>, DeadlineExceeded> {
+    match error {
+        OcrError::DeadlineExceeded(e) => Err(e),
+        error => {
+            tracing::warn!(%error, item = index, "OCR failed; the image is judged without its text");
+            Ok(None)
+        }
     }
 }
 

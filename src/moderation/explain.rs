@@ -38,7 +38,7 @@ pub struct Evidence<P> {
 
 /// A byte range of one text item (by its position among the text items
 /// while classifying; the engine turns it into the input's index).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ItemRange {
     pub item: usize,
     pub bytes: Range<usize>,
@@ -48,7 +48,7 @@ pub struct ItemRange {
 /// one per item for a piece that runs across neighbouring items (a threat
 /// split between two messages). In item order; only the whole combined
 /// text ([`ItemRanges::covering`]) has empty ranges.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ItemRanges(Vec<ItemRange>);
 
 impl ItemRanges {

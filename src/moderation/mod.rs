@@ -7,6 +7,7 @@ mod classifier;
 mod deadline;
 pub(crate) mod engine;
 pub mod explain;
+pub mod fair;
 pub mod image;
 mod speed;
 pub mod text;

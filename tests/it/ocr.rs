@@ -210,3 +210,140 @@ async fn ocr_can_be_switched_off() {
         "{body}"
     );
 }
+
+/// 1024×1024, 40 rows of short black bars: the detector finds a "line" in
+/// each row, and the recogniser reads nothing it trusts (issue #58, B).
+/// `seed` shifts the bars, so that images differ byte for byte.
+fn bars(seed: u32) -> RgbImage {
+    let mut image = RgbImage::from_pixel(1024, 1024, Rgb([255, 255, 255]));
+    for row in 0..40 {
+        let y = 12 + row * 25 + seed % 3;
+        for x in (8 + seed % 5..1010).step_by(12) {
+            for dy in 0..10 {
+                for dx in 0..6 {
+                    image.put_pixel(x + dx, y + dy, Rgb([0, 0, 0]));
+                }
+            }
+        }
+    }
+    image
+}
+
+/// Characters of the allowance a request was charged: limit less remaining
+/// (a fresh key, whose bucket was full).
+async fn charged(app: &TestApp, key: &str, input: Vec<Value>) -> (u16, u64, Value) {
+    let (status, headers, body) = parts(app.moderate(key, &json!({ "input": input })).await).await;
+    let header = |name: &str| -> u64 {
+        headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header ({status}): {body}"))
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let charge =
+        header("x-ratelimit-limit-characters") - header("x-ratelimit-remaining-characters");
+    (status, charge, body)
+}
+
+/// OCR is charged by its work, read or not: an image of bars that yields
+/// no text still costs its detection and its 40 lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_is_charged_by_its_work_even_when_nothing_is_read() {
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
+    let (_, key) = app.create_key(Tier::Pro, None).await;
+    let (status, charge, body) = charged(&app, &key, vec![image_item(&bars(0))]).await;
+    assert_eq!(status, 200, "{body}");
+    let read = body["results"][0]["extracted_text"]
+        .as_str()
+        .map_or(0, |t| t.chars().count() as u64);
+    // At least the detector's 1024×1024 input at its default price.
+    let detection = 1024 * 1024 * 2000 / 1_000_000;
+    assert!(
+        charge >= read + detection,
+        "charged {charge} for {read} characters read"
+    );
+}
+
+/// An image sent eight times in one request is read once: the request is
+/// charged one reading's work (and the text read, per image), as its usage
+/// record shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identical_image_is_read_once() {
+    let app = spawn_app_with(Backend::Sqlite, |c| c.ocr.enabled = true).await;
+    let image = image_item(&render::line(THREAT, 28.0));
+    let (once_id, once) = app.create_key(Tier::Pro, None).await;
+    let (eight_id, eight) = app.create_key(Tier::Pro, None).await;
+    let body = moderate(&app, &once, vec![image.clone()]).await;
+    let text = body["results"][0]["extracted_text"]
+        .as_str()
+        .expect("the threat is read")
+        .chars()
+        .count() as u64;
+    let body = moderate(&app, &eight, vec![image; 8]).await;
+    for result in body["results"].as_array().unwrap() {
+        assert_eq!(words(&result["extracted_text"]), THREAT.to_lowercase());
+    }
+    let events = app.usage_events(2).await;
+    let chars_of = |id| {
+        events
+            .iter()
+            .find(|e| e.key_id == id)
+            .expect("a usage record")
+            .text_chars
+    };
+    let work = chars_of(once_id) - text;
+    assert!(work > 0, "the reading's work is charged");
+    assert_eq!(
+        chars_of(eight_id),
+        work + 8 * text,
+        "one reading's work, eight texts"
+    );
+}
+
+/// The lines read from all the images of a request are bounded: two
+/// images of 40 bars read at most `max_regions_per_request` lines between
+/// them, and a free key's flood is refused once its allowance would be
+/// overdrawn, never charged past it. (Bounds small enough for a debug
+/// build to read within the deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lines_read_per_request_and_the_allowance_bound_a_flood() {
+    let app = spawn_app_with(Backend::Sqlite, |c| {
+        c.ocr.enabled = true;
+        c.ocr.max_regions_per_request = 10;
+        c.budget.chars_per_minute.free = 12_000;
+        c.budget.request_deadline_ms = 120_000;
+    })
+    .await;
+    let (_, pro) = app.create_key(Tier::Pro, None).await;
+    let images: Vec<Value> = (0..2).map(|s| image_item(&bars(s))).collect();
+    let (status, charge, body) = charged(&app, &pro, images).await;
+    assert_eq!(status, 200, "{body}");
+    // Two detections and at most 10 lines of the widest the recogniser
+    // takes (2,400 × 48 pixels) at the default prices; the 80 lines of two
+    // images cost about 96,000.
+    let detections = 2 * (1024 * 1024 * 2000u64).div_ceil(1_000_000);
+    let lines = 10 * (2400 * 48 * 13_000u64).div_ceil(1_000_000);
+    assert!(charge <= detections + lines + 100, "charged {charge}");
+
+    let (_, free) = app.create_key(Tier::Free, None).await;
+    let eight: Vec<Value> = (0..8).map(|s| image_item(&bars(s))).collect();
+    let mut last_remaining = u64::MAX;
+    for _ in 0..3 {
+        let (status, headers, body) = parts(
+            app.moderate(&free, &json!({ "input": eight.clone() }))
+                .await,
+        )
+        .await;
+        assert!(status == 200 || status == 429, "{status}: {body}");
+        if let Some(remaining) = headers.get("x-ratelimit-remaining-characters") {
+            last_remaining = remaining.to_str().unwrap().parse().unwrap();
+        }
+        if status == 429 {
+            assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+            return;
+        }
+    }
+    panic!("a free key read 24 images of 40 lines on 12,000 characters a minute (remaining {last_remaining})");
+}

@@ -353,7 +353,121 @@ async fn a_refused_message_asks_to_try_again(backend: Backend) {
     );
 }
 
+/// The accounts whose e-mail starts with `prefix`.
+fn accounts_starting_with(app: &TestApp, prefix: &str) -> usize {
+    let out = moderato(app, &["accounts", "list", "--json"], "");
+    assert!(out.success, "{}", out.stderr);
+    let all: Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    all.as_array()
+        .expect("an array")
+        .iter()
+        .filter(|a| a["email"].as_str().is_some_and(|e| e.starts_with(prefix)))
+        .count()
+}
+
+/// A sign-up form post from `address` for `email`, as raw HTTP/1.1 bytes
+/// with the form's cookie and token (so that it can be sent in two parts).
+async fn raw_sign_up(app: &TestApp, address: &str, email: &str) -> Vec<u8> {
+    let mut session = Session::from_address(app, address);
+    let form = session.get("/dashboard/signup").await;
+    assert_eq!(form.status, 200, "{}", form.body);
+    let body = format!(
+        "email={}&csrf_token={}",
+        email.replace('@', "%40"),
+        form.csrf()
+    );
+    let cookie = session
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let host = app.base.trim_start_matches("http://");
+    format!(
+        "POST /dashboard/signup HTTP/1.1\r\nHost: {host}\r\nCookie: {cookie}\r\n\
+         X-Forwarded-For: {address}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len(),
+    )
+    .into_bytes()
+}
+
+/// Issue #58, C: sign-ups from one address sent together, each with its
+/// last byte held back and then all released at once, make at most the
+/// five accounts an hour an address may make.
+async fn racing_sign_ups_from_one_address_make_at_most_five_accounts(backend: Backend) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mail = MailServer::start(false).await;
+    let app = app_with_open_signup(backend, &mail).await;
+    let mut sockets = Vec::new();
+    for i in 0..100 {
+        let request = raw_sign_up(&app, "203.0.113.90", &format!("race{i}@example.com")).await;
+        let mut socket = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+            .await
+            .expect("connect");
+        let (head, last) = request.split_at(request.len() - 1);
+        socket.write_all(head).await.expect("send");
+        sockets.push((socket, last.to_vec()));
+    }
+    for (socket, last) in &mut sockets {
+        socket.write_all(last).await.expect("send the last byte");
+    }
+    let mut statuses = Vec::new();
+    for (mut socket, _) in sockets {
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), socket.read_to_end(&mut answer))
+            .await
+            .expect("an answer within 60 s")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        statuses.push(answer.split(' ').nth(1).unwrap_or("none").to_owned());
+    }
+    let accepted = statuses.iter().filter(|s| *s == "200").count();
+    let refused = statuses.iter().filter(|s| *s == "429").count();
+    assert_eq!((accepted, refused), (5, 95), "{statuses:?}");
+    assert_eq!(accounts_starting_with(&app, "race"), 5);
+}
+
+/// Issue #58, C: one recipient gets at most three sign-up e-mails an hour,
+/// however many addresses ask; the page past the bound is the same.
+async fn one_recipient_gets_a_bounded_number_of_sign_up_mails(backend: Backend) {
+    let mut mail = MailServer::start(false).await;
+    let app = app_with_open_signup(backend, &mail).await;
+    let mut pages = Vec::new();
+    for i in 0..6 {
+        let page = sign_up(
+            &app,
+            &format!("198.51.100.{}", 20 + i),
+            "victim@example.com",
+        )
+        .await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        pages.push(comparable(&page));
+    }
+    assert!(
+        pages.windows(2).all(|w| w[0] == w[1]),
+        "the same page each time"
+    );
+    for _ in 0..MAX_MAILS {
+        assert_eq!(mail.next().await.to, vec!["victim@example.com".to_string()]);
+    }
+    assert!(
+        mail.within(Duration::from_millis(1500)).await.is_none(),
+        "no more than {MAX_MAILS} e-mails"
+    );
+    // Another recipient is not affected.
+    let page = sign_up(&app, "198.51.100.40", "other@example.com").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(mail.next().await.to, vec!["other@example.com".to_string()]);
+}
+
+/// `moderato::dashboard::signup::MAX_MAILS_PER_RECIPIENT`, as a user reads it.
+const MAX_MAILS: usize = 3;
+
 on_both_backends!(
+    racing_sign_ups_from_one_address_make_at_most_five_accounts,
+    one_recipient_gets_a_bounded_number_of_sign_up_mails,
     a_sign_up_is_confirmed_by_the_emailed_link,
     a_stranger_who_signs_up_first_does_not_lock_the_owner_out,
     sign_up_does_not_tell_whether_an_email_is_taken,

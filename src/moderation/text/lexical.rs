@@ -583,7 +583,7 @@ impl TextClassifier for LexicalClassifier {
     ) -> anyhow::Result<ExplainedScores> {
         let (scores, combined) = self.score_items(items, deadline)?;
         let combined_evidence = if items.len() > 1 {
-            super::evidence::combined_lexicon_evidence(self, items)
+            super::evidence::combined_lexicon_evidence(self, items, deadline)?
         } else {
             Vec::new()
         };
@@ -593,8 +593,8 @@ impl TextClassifier for LexicalClassifier {
             evidence: TextEvidence {
                 items: items
                     .iter()
-                    .map(|t| super::evidence::lexicon_evidence(self, t))
-                    .collect(),
+                    .map(|t| super::evidence::lexicon_evidence(self, t, deadline))
+                    .collect::<Result<_, _>>()?,
                 combined: combined_evidence,
                 fallback: Source::Lexicon,
             },

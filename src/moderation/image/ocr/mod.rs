@@ -13,6 +13,7 @@
 //! recogniser ([`rec`]), the lines shared out among `threads` workers. An
 //! image without text costs the detector's pass only.
 
+pub mod cache;
 pub mod det;
 pub mod rec;
 
@@ -104,9 +105,95 @@ impl ReadText {
         self.lines.join("\n")
     }
 
+    /// At most `max_chars` characters of it; `None` for none.
+    pub fn truncated(self, max_chars: usize) -> Option<ReadText> {
+        ReadText::new(truncate_chars(self.lines, max_chars))
+    }
+
     pub fn chars(&self) -> usize {
         self.lines.iter().map(|l| l.chars().count()).sum::<usize>() + self.lines.len() - 1
     }
+}
+
+/// The work of reading, read or not: what OCR is charged by (issue #58,
+/// B: 40 lines read with low confidence cost seconds and were charged
+/// nothing when only the characters read counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OcrWork {
+    /// Images run through the detector.
+    pub images: u32,
+    /// Pixels of the detector's inputs.
+    pub detector_pixels: u64,
+    /// Lines handed to the recogniser.
+    pub regions: u32,
+    /// Pixels of the recogniser's inputs ([`rec::HEIGHT`] high, the padded
+    /// width): its cost grows with them.
+    pub line_pixels: u64,
+}
+
+/// What reading costs, in characters of the key's allowance per million
+/// pixels (`ocr.charge_per_megapixel_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OcrPrices {
+    pub per_megapixel_detected: u64,
+    pub per_megapixel_read: u64,
+}
+
+impl OcrWork {
+    /// The work's price in characters of the allowance, rounded up.
+    pub fn charge(&self, prices: &OcrPrices) -> u64 {
+        let priced = |pixels: u64, per_megapixel: u64| {
+            pixels.saturating_mul(per_megapixel).div_ceil(1_000_000)
+        };
+        priced(self.detector_pixels, prices.per_megapixel_detected)
+            .saturating_add(priced(self.line_pixels, prices.per_megapixel_read))
+    }
+
+    pub fn add(&mut self, other: &OcrWork) {
+        self.images += other.images;
+        self.detector_pixels += other.detector_pixels;
+        self.regions += other.regions;
+        self.line_pixels += other.line_pixels;
+    }
+}
+
+/// What the detector found, and what finding it cost.
+#[derive(Clone, Debug, Default)]
+pub struct Detected {
+    pub boxes: Vec<TextBox>,
+    pub work: OcrWork,
+}
+
+/// Lines read with confidence, by box index, and the work of reading.
+#[derive(Clone, Debug, Default)]
+pub struct Lines {
+    pub lines: Vec<(usize, String)>,
+    pub work: OcrWork,
+}
+
+/// The boxes' indices, widest first, so that the workers finish together.
+pub fn reading_order(boxes: &[TextBox]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..boxes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(rec::line_width(&boxes[i])));
+    order
+}
+
+/// The recogniser's input pixels for box `b` (its padded width).
+pub fn line_input_pixels(b: &TextBox) -> usize {
+    let stride = rec::line_width(b).div_ceil(WIDTH_STEP) * WIDTH_STEP;
+    stride as usize * rec::HEIGHT as usize
+}
+
+/// The lines read (by box index, out of `boxes` boxes) in reading order,
+/// at most `max_chars` characters in all; `None` without any.
+pub fn assemble(boxes: usize, read: Vec<(usize, String)>, max_chars: usize) -> Option<ReadText> {
+    let mut lines = vec![String::new(); boxes];
+    for (i, text) in read {
+        if let Some(line) = lines.get_mut(i) {
+            *line = text;
+        }
+    }
+    ReadText::new(truncate_chars(lines, max_chars))
 }
 
 /// The detector and recogniser, loaded and optimised once.
@@ -185,52 +272,44 @@ impl Ocr {
         limits: &ReadLimits,
         deadline: &Deadline,
     ) -> Result<Option<ReadText>, OcrError> {
-        let boxes = self.detect(image, limits)?;
+        let detected = self.detect_counted(image, limits)?;
         deadline.check()?;
-        // The widest lines first, so that the workers finish together.
-        let mut order: Vec<usize> = (0..boxes.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(rec::line_width(&boxes[i])));
-        let next = AtomicUsize::new(0);
-        let chars = AtomicUsize::new(0);
-        // One worker's share: the next line nobody has taken, until none is
-        // left or enough characters were read.
-        let work = |worker: usize| -> Result<Vec<(usize, String)>, OcrError> {
-            let mut read = Vec::new();
-            while chars.load(Ordering::Relaxed) < limits.max_chars {
-                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                    break;
-                };
-                deadline.check()?;
-                let decoded = self.recognise(worker, image, &boxes[i])?;
-                if decoded.confidence >= rec::MIN_CONFIDENCE {
-                    chars.fetch_add(decoded.text.chars().count(), Ordering::Relaxed);
-                    read.push((i, decoded.text));
-                }
-            }
-            Ok(read)
-        };
-        let workers = self.recognisers.len().min(order.len()).max(1);
-        let shares = std::thread::scope(|scope| {
-            let helpers: Vec<_> = (1..workers).map(|w| scope.spawn(move || work(w))).collect();
-            let mut shares = vec![work(0)];
-            shares.extend(helpers.into_iter().map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(OcrError::Inference("the ONNX runtime panicked".into()))
-                })
-            }));
-            shares
-        });
-        let mut lines = vec![String::new(); boxes.len()];
-        for share in shares {
-            for (i, text) in share? {
-                lines[i] = text;
-            }
-        }
-        Ok(ReadText::new(truncate_chars(lines, limits.max_chars)))
+        let order = reading_order(&detected.boxes);
+        let lines =
+            self.recognise_lines(image, &detected.boxes, &order, limits.max_chars, deadline)?;
+        Ok(assemble(
+            detected.boxes.len(),
+            lines.lines,
+            limits.max_chars,
+        ))
     }
 
     /// The text boxes, in reading order, at most `max_regions`.
     pub fn detect(&self, image: &RgbImage, limits: &ReadLimits) -> Result<Vec<TextBox>, OcrError> {
+        Ok(self.detect_counted(image, limits)?.boxes)
+    }
+
+    /// The text boxes and the work of finding them. A panic in the wrapper
+    /// around the runtime is an `Inference` error.
+    pub fn detect_counted(
+        &self,
+        image: &RgbImage,
+        limits: &ReadLimits,
+    ) -> Result<Detected, OcrError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.detect_unguarded(image, limits)
+        }))
+        .unwrap_or_else(|_| Err(OcrError::Inference("the ONNX runtime panicked".into())))
+    }
+
+    fn detect_unguarded(
+        &self,
+        image: &RgbImage,
+        limits: &ReadLimits,
+    ) -> Result<Detected, OcrError> {
+        if limits.max_regions == 0 || image.width().min(image.height()) < MIN_IMAGE_SIDE {
+            return Ok(Detected::default());
+        }
         let input = det::prepare(image, limits.max_side);
         let (w, h) = (input.width as usize, input.height as usize);
         let tensor =
@@ -244,14 +323,97 @@ impl Ocr {
                 map.len()
             )));
         }
-        Ok(det::boxes(
-            map,
-            w,
-            h,
-            input.scale_x,
-            input.scale_y,
-            limits.max_regions,
-        ))
+        let boxes = det::boxes(map, w, h, input.scale_x, input.scale_y, limits.max_regions);
+        Ok(Detected {
+            boxes,
+            work: OcrWork {
+                images: 1,
+                detector_pixels: (w * h) as u64,
+                ..OcrWork::default()
+            },
+        })
+    }
+
+    /// Reads the boxes `which` (indices into `boxes`, in the order given),
+    /// shared out among the recogniser sessions, until `max_chars` were
+    /// read or none is left; stops at `deadline`. Every line handed to the
+    /// recogniser counts as work, read with confidence or not.
+    pub fn recognise_lines(
+        &self,
+        image: &RgbImage,
+        boxes: &[TextBox],
+        which: &[usize],
+        max_chars: usize,
+        deadline: &Deadline,
+    ) -> Result<Lines, OcrError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.recognise_unguarded(image, boxes, which, max_chars, deadline)
+        }))
+        .unwrap_or_else(|_| Err(OcrError::Inference("the ONNX runtime panicked".into())))
+    }
+
+    fn recognise_unguarded(
+        &self,
+        image: &RgbImage,
+        boxes: &[TextBox],
+        which: &[usize],
+        max_chars: usize,
+        deadline: &Deadline,
+    ) -> Result<Lines, OcrError> {
+        let next = AtomicUsize::new(0);
+        let chars = AtomicUsize::new(0);
+        let regions = AtomicUsize::new(0);
+        let line_pixels = AtomicUsize::new(0);
+        // One worker's share: the next line nobody has taken, until none is
+        // left or enough characters were read.
+        let work = |worker: usize| -> Result<Vec<(usize, String)>, OcrError> {
+            let mut read = Vec::new();
+            while chars.load(Ordering::Relaxed) < max_chars {
+                let Some(&i) = which.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    break;
+                };
+                let Some(b) = boxes.get(i) else {
+                    continue;
+                };
+                deadline.check()?;
+                regions.fetch_add(1, Ordering::Relaxed);
+                line_pixels.fetch_add(line_input_pixels(b), Ordering::Relaxed);
+                let decoded = self.recognise(worker, image, b)?;
+                if decoded.confidence >= rec::MIN_CONFIDENCE {
+                    chars.fetch_add(decoded.text.chars().count(), Ordering::Relaxed);
+                    read.push((i, decoded.text));
+                }
+            }
+            Ok(read)
+        };
+        let workers = self.recognisers.len().min(which.len()).max(1);
+        let shares = std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..workers).map(|w| scope.spawn(move || work(w))).collect();
+            let mut shares = vec![work(0)];
+            shares.extend(helpers.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(OcrError::Inference("the ONNX runtime panicked".into()))
+                })
+            }));
+            shares
+        });
+        let mut lines = Vec::new();
+        for share in shares {
+            lines.extend(share?);
+        }
+        Ok(Lines {
+            lines,
+            work: OcrWork {
+                regions: regions.into_inner() as u32,
+                line_pixels: line_pixels.into_inner() as u64,
+                ..OcrWork::default()
+            },
+        })
+    }
+
+    /// Recogniser sessions: lines read side by side.
+    pub fn workers(&self) -> usize {
+        self.recognisers.len()
     }
 
     /// Reads the line of box `b`, on `worker`'s recogniser session when it

@@ -448,7 +448,7 @@ impl EmbeddingClassifier {
                 .filter_map(|((_, range), e)| {
                     Some(self.chunk_evidence(range.clone()?, e, &lexical[k..=k]))
                 })
-                .chain(lexicon_evidence(&self.lexical, text))
+                .chain(lexicon_evidence(&self.lexical, text, deadline)?)
                 .collect();
         }
         if items.len() < 2 {
@@ -478,7 +478,7 @@ impl EmbeddingClassifier {
         evidence.combined = places
             .zip(embedded.iter().flatten())
             .filter_map(|(place, e)| Some(self.chunk_evidence(place?, e, &together)))
-            .chain(combined_lexicon_evidence(&self.lexical, items))
+            .chain(combined_lexicon_evidence(&self.lexical, items, deadline)?)
             .collect();
         Ok(ExplainedScores {
             items: scores,
