@@ -493,7 +493,7 @@ impl Engine {
             requester,
             &deadline,
         )
-            .await
+        .await
     }
 
     /// Moderates; once `deadline` is over the remaining work is cancelled

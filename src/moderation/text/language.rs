@@ -125,6 +125,24 @@ const UNSURE: Detected = Detected {
 /// HateCheck's validation half (10 languages) by `train/language_routes.py`;
 /// its table is in docs/models.md.
 pub fn detect(text: &str) -> Detected {
+    let raw = detect_raw(text);
+    if raw.route == Route::English {
+        return raw;
+    }
+    // Spelt-out or disguised English (`k i l l   y o u r s e l f`) reads as
+    // English once the normaliser has undone the disguise.
+    let sample = prefix(text, MAX_BYTES);
+    let undone = super::normalize::normalize(sample);
+    if undone != sample.to_lowercase() && detect_raw(&undone).route == Route::English {
+        return Detected {
+            language: Some(Language::ENGLISH),
+            route: Route::English,
+        };
+    }
+    raw
+}
+
+fn detect_raw(text: &str) -> Detected {
     let sample = prefix(text, MAX_BYTES);
     let latin = whatlang::detect_script(sample).is_none_or(|s| s == whatlang::Script::Latin);
     if sample.chars().filter(|c| c.is_alphabetic()).count() < MIN_LETTERS {
@@ -357,10 +375,12 @@ mod tests {
             Route::English
         );
         // Short English that trigrams take for Welsh or French reads as
-        // English by its words.
+        // English by its words, disguised English once undone.
         for text in [
             "Can you recommend a good recipe for banana bread?",
             "kill yourself you worthless loser",
+            "k i l l   y o u r s e l f you worthless loser",
+            "k1ll y0urs3lf you w0rthless l0ser",
         ] {
             let detected = detect(text);
             assert_eq!(detected.route, Route::English, "{text}");
