@@ -3,8 +3,8 @@
 //! (`benches/load.sh`), so that what the service adds around the model shows.
 //!
 //! Usage: `cargo run --release --example latency -- [RUNS] [TEXT]`
-//! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2` measures the AVX2 kernel on a
-//! machine with AVX-512). Prints the median and the 90th and 99th
+//! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2`, `avxvnni`, ... forces one kernel,
+//! to measure each on one machine). Prints the median and the 90th and 99th
 //! percentiles of RUNS calls (default 300) after 30 warm-up calls.
 //! `MODERATO_TEXT_HEADS=FILE` times other heads than the shipped ones with
 //! the same binary (heads of before a change, say).
@@ -24,9 +24,10 @@ fn main() -> anyhow::Result<()> {
         None => 300,
     };
     let text = args.get(1).map_or(LOAD_SH_SHORT, String::as_str);
-    let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
+    let choice = int8_matmul::KernelChoice::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
         .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
-    int8_matmul::limit_kernel(limit).expect("the first model of the process");
+    int8_matmul::choose_kernel(choice)
+        .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
     let dir = moderato::config::repository_models_dir();
     let model = match std::env::var_os("MODERATO_TEXT_HEADS") {
         Some(path) => EmbeddingClassifier::load_with_heads(&dir, &std::fs::read_to_string(path)?)?,

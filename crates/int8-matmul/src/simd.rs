@@ -12,7 +12,7 @@ pub(crate) fn has_avx2() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx2")
-                && crate::limit() != crate::KernelLimit::Portable
+                && crate::Kernel::detect() != crate::Kernel::Portable
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
