@@ -1,0 +1,103 @@
+//! Speed of each 8-bit kernel this CPU runs, on the dense products of one
+//! encoder layer (MiniLM-L12 and multilingual-e5-small share the shapes:
+//! hidden 384, fused q/k/v 1152, intermediate 1536), for 16 tokens (a short
+//! text) and 128 (a full window).
+//!
+//! - `minilm_layer/<kernel>/<tokens>`: MiniLM's weights, f32 quantised to
+//!   8 bits (the grouped form);
+//! - `e5_layer/<kernel>/<tokens>`: e5's 4-bit weights widened (the narrow
+//!   form).
+//!
+//! Throughput is in multiply-adds, so Criterion's `Gelem/s` reads as
+//! giga multiply-adds per second. The products stay on one thread (two
+//! calls are held open, as when requests queue), so the figure is the
+//! kernel's and not the pool's. Run: `cargo bench -p int8-matmul`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use int8_matmul::{Activation, Call, Int8Matrix, Kernel, Scratch, BLOCK};
+
+/// (output columns, shared dimension) of a layer's four products.
+const LAYER: [(usize, usize); 4] = [(1152, 384), (384, 384), (1536, 384), (384, 1536)];
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// 4-bit weights widened to `i8` (`[-8, 7]`) with their block scales.
+fn four_bit(rows: usize, cols: usize, seed: u64) -> (Vec<i8>, Vec<f32>) {
+    let v = values(rows * cols, seed)
+        .iter()
+        .map(|v| ((v * 16.0).round() as i32).clamp(-8, 7) as i8)
+        .collect();
+    (v, vec![0.02; rows * cols / BLOCK])
+}
+
+fn layer(kernel: Kernel, narrow: bool) -> Vec<Int8Matrix> {
+    LAYER
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let m = if narrow {
+                let (v, s) = four_bit(n, k, i as u64);
+                Int8Matrix::from_blocks_with(v, s, n, k, kernel)
+            } else {
+                Int8Matrix::quantize_with(&values(n * k, i as u64), n, k, kernel)
+            };
+            m.expect("a kernel this CPU runs")
+        })
+        .collect()
+}
+
+fn kernels(c: &mut Criterion) {
+    let _calls = (Call::enter(), Call::enter());
+    let available = Kernel::available();
+    for k in Kernel::ALL.iter().filter(|k| !available.contains(k)) {
+        eprintln!(
+            "skipped the {} kernel: this CPU lacks {}",
+            k.name(),
+            k.needs()
+        );
+    }
+    eprintln!("skipped the amx kernel: not built");
+    for (name, narrow) in [("minilm_layer", false), ("e5_layer", true)] {
+        let mut group = c.benchmark_group(name);
+        for tokens in [16usize, 128] {
+            let macs: usize = LAYER.iter().map(|(n, k)| tokens * n * k).sum();
+            group.throughput(Throughput::Elements(macs as u64));
+            for &kernel in &available {
+                let matrices = layer(kernel, narrow);
+                let inputs: Vec<Vec<f32>> =
+                    LAYER.iter().map(|&(_, k)| values(tokens * k, 99)).collect();
+                let mut outs: Vec<Vec<f32>> =
+                    LAYER.iter().map(|&(n, _)| vec![0f32; tokens * n]).collect();
+                let mut scratch = Scratch::default();
+                group.bench_function(BenchmarkId::new(kernel.name(), tokens), |b| {
+                    b.iter(|| {
+                        for ((w, x), out) in matrices.iter().zip(&inputs).zip(&mut outs) {
+                            w.matmul_with(&mut scratch, x, tokens, None, Activation::Identity, out);
+                        }
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(std::time::Duration::from_secs(1))
+        .measurement_time(std::time::Duration::from_secs(3));
+    targets = kernels
+}
+criterion_main!(benches);
