@@ -8,13 +8,20 @@
 //! - `e5_layer/<kernel>/<tokens>`: e5's 4-bit weights widened (the narrow
 //!   form).
 //!
+//! - `layer_stages/<stage>`: one MiniLM layer for 16 tokens cut into its
+//!   stages on the best kernel: the four products (the intermediate one
+//!   with its GELU), attention, the two residual layer norms, GELU alone,
+//!   and the activations' quantisation alone (a product with 8 output
+//!   columns, whose multiply-adds are negligible).
+//!
 //! Throughput is in multiply-adds, so Criterion's `Gelem/s` reads as
 //! giga multiply-adds per second. The products stay on one thread (two
 //! calls are held open, as when requests queue), so the figure is the
 //! kernel's and not the pool's. Run: `cargo bench -p int8-matmul`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use int8_matmul::{Activation, Call, Int8Matrix, Kernel, Scratch, BLOCK};
+use int8_matmul::attention::attention;
+use int8_matmul::{ops, Activation, Call, Int8Matrix, Kernel, Scratch, BLOCK};
 
 /// (output columns, shared dimension) of a layer's four products.
 const LAYER: [(usize, usize); 4] = [(1152, 384), (384, 384), (1536, 384), (384, 1536)];
@@ -92,12 +99,110 @@ fn kernels(c: &mut Criterion) {
     }
 }
 
+/// One MiniLM layer's stages for `TOKENS` tokens, on the best kernel.
+fn stages(c: &mut Criterion) {
+    const TOKENS: usize = 16;
+    const HIDDEN: usize = 384;
+    let _calls = (Call::enter(), Call::enter());
+    eprintln!(
+        "layer_stages on the {} kernel",
+        Kernel::available().last().unwrap().name()
+    );
+    let mut group = c.benchmark_group("layer_stages");
+    let layer = layer(*Kernel::available().last().unwrap(), false);
+    let mut scratch = Scratch::default();
+    let x = values(TOKENS * HIDDEN, 1);
+    let wide = values(TOKENS * 4 * HIDDEN, 2);
+    let mut qkv = vec![0f32; TOKENS * 3 * HIDDEN];
+    let mut hidden = vec![0f32; TOKENS * HIDDEN];
+    let mut inter = vec![0f32; TOKENS * 4 * HIDDEN];
+    let bias = |n: usize| vec![0.01f32; n];
+    let (b3, b1, b4) = (bias(3 * HIDDEN), bias(HIDDEN), bias(4 * HIDDEN));
+    let mut product = |name: &str, w: &Int8Matrix, x: &[f32], b: &[f32], act, out: &mut [f32]| {
+        group.bench_function(name, |bench| {
+            bench.iter(|| w.matmul_with(&mut scratch, x, TOKENS, Some(b), act, out))
+        });
+    };
+    product(
+        "qkv_product",
+        &layer[0],
+        &x,
+        &b3,
+        Activation::Identity,
+        &mut qkv,
+    );
+    product(
+        "attention_out_product",
+        &layer[1],
+        &x,
+        &b1,
+        Activation::Identity,
+        &mut hidden,
+    );
+    product(
+        "intermediate_product_gelu",
+        &layer[2],
+        &x,
+        &b4,
+        Activation::Gelu,
+        &mut inter,
+    );
+    product(
+        "intermediate_product",
+        &layer[2],
+        &x,
+        &b4,
+        Activation::Identity,
+        &mut inter,
+    );
+    product(
+        "output_product",
+        &layer[3],
+        &wide,
+        &b1,
+        Activation::Identity,
+        &mut hidden,
+    );
+    let q8 = Int8Matrix::quantize(&values(8 * 4 * HIDDEN, 3), 8, 4 * HIDDEN);
+    let mut small = vec![0f32; TOKENS * 8];
+    group.bench_function("quantise_16x1536", |b| {
+        b.iter(|| {
+            q8.matmul_with(
+                &mut scratch,
+                &wide,
+                TOKENS,
+                None,
+                Activation::Identity,
+                &mut small,
+            )
+        })
+    });
+    let qkv_in = values(TOKENS * 3 * HIDDEN, 4);
+    let whole = 0..TOKENS;
+    group.bench_function("attention", |b| {
+        b.iter(|| attention(&qkv_in, std::slice::from_ref(&whole), 12, 32, &mut hidden))
+    });
+    let (gamma, beta) = (vec![1.0f32; HIDDEN], vec![0.0f32; HIDDEN]);
+    let residual = values(TOKENS * HIDDEN, 5);
+    let mut normed = x.clone();
+    group.bench_function("add_layer_norm", |b| {
+        b.iter(|| ops::add_layer_norm(&mut normed, Some(&residual), &gamma, &beta, 1e-12))
+    });
+    let mut g = wide.clone();
+    group.bench_function("gelu_16x1536", |b| b.iter(|| ops::gelu_in_place(&mut g)));
+    let mut pooled = vec![0f32; HIDDEN];
+    group.bench_function("mean_pool", |b| {
+        b.iter(|| ops::mean_pool_unit(&x, &mut pooled))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_secs(1))
         .measurement_time(std::time::Duration::from_secs(3));
-    targets = kernels
+    targets = kernels, stages
 }
 criterion_main!(benches);

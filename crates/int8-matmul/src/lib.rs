@@ -565,9 +565,34 @@ fn quantize_block<T: Copy>(block: &[f32], out: &mut [T], to: impl Fn(i32) -> T) 
     }
     let inv = 127.0 / max;
     for (o, v) in out.iter_mut().zip(block) {
-        *o = to((v * inv).round().clamp(-127.0, 127.0) as i32);
+        *o = to(integral_to_i32(
+            round_half_away(v * inv).clamp(-127.0, 127.0),
+        ));
     }
     max / 127.0
+}
+
+/// `v.round()` (half away from zero), exactly, for `|v| < 2^22`, in
+/// operations that vectorise. Why: `f32::round` and the saturating `as i32`
+/// made the activations' quantisation a scalar loop with a branch per value,
+/// a third of a short text's product time once the products were VNNI.
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let t = v.trunc();
+    // `v - t` is exact: the fraction of a float below 2^22.
+    if (v - t).abs() >= 0.5 {
+        t + 1.0f32.copysign(v)
+    } else {
+        t
+    }
+}
+
+/// An integral `v` with `|v| <= 2^22` as `i32`: adding 1.5 x 2^23 puts it
+/// in the low mantissa bits (exactly, as it is an integer).
+#[inline(always)]
+fn integral_to_i32(v: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
 simd::dispatch! {
@@ -1734,6 +1759,24 @@ mod tests {
                 (o - e).abs() <= b * 1.001 + 1e-4,
                 "m={m} [{i}]: {o} vs {e}, bound {b}"
             );
+        }
+    }
+
+    #[test]
+    fn quantising_rounds_as_f32_round_does() {
+        let mut values: Vec<f32> = (-140 * 4096..=140 * 4096)
+            .map(|i| i as f32 / 4096.0)
+            .collect();
+        // Either side of every half, where a shortcut would round wrongly.
+        for i in -140..140 {
+            let half = i as f32 + 0.5;
+            values.extend([half.next_down(), half, half.next_up()]);
+        }
+        values.extend([0.49999997, -0.49999997, -0.0, 4194303.5, -4194303.5]);
+        for v in values {
+            let want = v.round();
+            assert_eq!(round_half_away(v).to_bits(), want.to_bits(), "{v}");
+            assert_eq!(integral_to_i32(want), want as i32, "{v}");
         }
     }
 
