@@ -1064,7 +1064,11 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env("MODERATO_TEXT_MODEL__CPU_KERNEL", "avx512");
             let err = Config::load(None).unwrap_err().to_string();
-            assert!(err.contains("cpu_kernel"), "{err}");
+            assert!(err.to_lowercase().contains("cpu_kernel"), "{err}");
+            assert!(
+                err.contains("avx512vnni"),
+                "the error lists the names: {err}"
+            );
             Ok(())
         });
     }

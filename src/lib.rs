@@ -350,3 +350,18 @@ fn image_classifier(models_dir: &Path) -> anyhow::Result<Arc<dyn ImageClassifier
         .insert(models_dir.to_path_buf(), loaded.clone());
     Ok(loaded)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cpu_kernel_that_cannot_run_stops_startup_and_says_why() {
+        let err = super::choose_cpu_kernel(crate::config::CpuKernel::Amx)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cpu_kernel") && err.contains("amx"), "{err}");
+        assert!(
+            err.contains("\"auto\""),
+            "it says what to use instead: {err}"
+        );
+    }
+}

@@ -121,17 +121,19 @@ dispatch! {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (qo, ko, vo) = (h * head_dim, hidden + h * head_dim, 2 * hidden + h * head_dim);
         scratch.clear();
-        scratch.resize(head_dim * len + len, 0.0);
-        let (kt, scores) = scratch.split_at_mut(head_dim * len);
+        // Key rows padded with zeros to whole chunks of scores.
+        let padded = len.next_multiple_of(SCORE_CHUNK);
+        scratch.resize(head_dim * padded + len, 0.0);
+        let (kt, scores) = scratch.split_at_mut(head_dim * padded);
         // Keys transposed, so that a query's scores are sums of whole rows.
         for j in 0..len {
             for d in 0..head_dim {
-                kt[d * len + j] = qkv[j * stride + ko + d];
+                kt[d * padded + j] = qkv[j * stride + ko + d];
             }
         }
         for i in 0..len {
             let q = &qkv[i * stride + qo..i * stride + qo + head_dim];
-            query_scores(q, kt, len, scores);
+            query_scores(q, kt, padded, scores);
             for s in scores.iter_mut() {
                 *s *= scale;
             }
@@ -149,31 +151,29 @@ dispatch! {
 /// Values side by side in the accumulators below: four AVX2 registers.
 const CHUNK: usize = 32;
 
-/// `scores[j] = Σ_d q[d] · kt[d * len + j]`, summed over `d` in order.
+/// Scores side by side in [`query_scores`]'s accumulators: one AVX-512
+/// register, two AVX2 ones. Key rows are padded to a multiple of it.
+const SCORE_CHUNK: usize = 16;
+
+/// `scores[j] = Σ_d q[d] · kt[d * padded + j]`, summed over `d` in order;
+/// `kt`'s rows are `padded` (a multiple of [`SCORE_CHUNK`]) long.
 ///
 /// Why in chunks of keys held in local accumulators: summing into `scores`
 /// in memory, one `d` at a time, made every step wait for the previous
 /// one's store; attention then took as long as a layer's products for a
 /// short text. The additions are the same, in the same order, so the bits
-/// are too.
+/// are too (the padding's lanes are computed and dropped).
 #[inline(always)]
-fn query_scores(q: &[f32], kt: &[f32], len: usize, scores: &mut [f32]) {
-    for (c, chunk) in scores.chunks_mut(CHUNK).enumerate() {
-        let j = c * CHUNK;
-        let mut acc = [0f32; CHUNK];
-        if let Ok(acc) = <&mut [f32; CHUNK]>::try_from(&mut acc[..chunk.len()]) {
-            for (d, &qd) in q.iter().enumerate() {
-                let k: &[f32; CHUNK] = kt[d * len + j..][..CHUNK].try_into().expect("a chunk");
-                for (a, k) in acc.iter_mut().zip(k) {
-                    *a += qd * *k;
-                }
-            }
-        } else {
-            let acc = &mut acc[..chunk.len()];
-            for (d, &qd) in q.iter().enumerate() {
-                for (a, k) in acc.iter_mut().zip(&kt[d * len + j..]) {
-                    *a += qd * *k;
-                }
+fn query_scores(q: &[f32], kt: &[f32], padded: usize, scores: &mut [f32]) {
+    for (c, chunk) in scores.chunks_mut(SCORE_CHUNK).enumerate() {
+        let j = c * SCORE_CHUNK;
+        let mut acc = [0f32; SCORE_CHUNK];
+        for (d, &qd) in q.iter().enumerate() {
+            let k: &[f32; SCORE_CHUNK] = kt[d * padded + j..][..SCORE_CHUNK]
+                .try_into()
+                .expect("a whole chunk: rows are padded");
+            for (a, k) in acc.iter_mut().zip(k) {
+                *a += qd * *k;
             }
         }
         chunk.copy_from_slice(&acc[..chunk.len()]);
@@ -181,7 +181,8 @@ fn query_scores(q: &[f32], kt: &[f32], len: usize, scores: &mut [f32]) {
 }
 
 /// `o = Σ_j (e[j] · inv) · value(j)`, summed over `j` in order, a chunk of
-/// `o` at a time in local accumulators (see [`query_scores`]).
+/// `o` at a time in local accumulators (see [`query_scores`]); a head's
+/// values are a whole chunk in both encoders (32).
 #[inline(always)]
 fn weighted_values<'v>(e: &[f32], inv: f32, value: impl Fn(usize) -> &'v [f32], o: &mut [f32]) {
     for (c, chunk) in o.chunks_mut(CHUNK).enumerate() {

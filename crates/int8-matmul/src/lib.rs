@@ -1763,6 +1763,72 @@ mod tests {
     }
 
     #[test]
+    fn every_build_of_the_f32_loops_gives_the_same_bits() {
+        use simd::{Build, FORCED};
+        let _serial = CALLS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // Held open so that nothing leaves this thread (the build is forced
+        // for this thread only).
+        let _calls = (Call::enter(), Call::enter());
+        let mut builds = vec![Build::Baseline];
+        if cfg!(target_arch = "x86_64") {
+            if Kernel::Avx2.is_supported() {
+                builds.push(Build::Avx2);
+            } else {
+                eprintln!("int8-matmul tests: skipped the AVX2 build: this CPU lacks it");
+            }
+            if Kernel::Avx512Vnni.is_supported() {
+                builds.push(Build::Avx512);
+            } else {
+                eprintln!("int8-matmul tests: skipped the AVX-512 build: this CPU lacks it");
+            }
+        }
+        let (m, k, heads, dh) = (9, 384, 12, 32);
+        let x: Vec<f32> = matrix(m, k, 71).iter().map(|v| v * 9.0).collect();
+        let qkv = matrix(m, 3 * k, 72);
+        let run = |build: Build| -> Vec<u32> {
+            FORCED.set(Some(build));
+            let blocks = m * k / BLOCK;
+            let (mut wide, mut signed, mut offset) =
+                (vec![0i16; m * k], vec![0i8; m * k], vec![0u8; m * k]);
+            let (mut s1, mut s2, mut s3, mut sums) = (
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0i32; blocks],
+            );
+            quantize_wide(&x, &mut wide, &mut s1);
+            quantize_signed(&x, &mut signed, &mut sums, &mut s2);
+            quantize_offset(&x, &mut offset, &mut s3);
+            let mut g = x.clone();
+            ops::gelu_in_place(&mut g);
+            let mut n = x.clone();
+            let (gamma, beta) = (matrix(1, k, 73), matrix(1, k, 74));
+            ops::add_layer_norm(&mut n, Some(&g), &gamma, &beta, 1e-12);
+            let mut pooled = vec![0f32; k];
+            ops::mean_pool_unit(&n, &mut pooled);
+            let mut context = vec![0f32; m * k];
+            let whole = 0..m;
+            attention::attention(&qkv, std::slice::from_ref(&whole), heads, dh, &mut context);
+            FORCED.set(None);
+            let ints = wide
+                .iter()
+                .map(|&v| v as u32)
+                .chain(signed.iter().map(|&v| v as u32))
+                .chain(offset.iter().map(|&v| v as u32))
+                .chain(sums.iter().map(|&v| v as u32));
+            let floats = [s1, s2, s3, g, n, pooled, context].concat();
+            ints.chain(floats.iter().map(|v| v.to_bits())).collect()
+        };
+        let baseline = run(Build::Baseline);
+        for build in &builds[1..] {
+            assert!(
+                run(*build) == baseline,
+                "the {build:?} build differs from the baseline"
+            );
+        }
+    }
+
+    #[test]
     fn quantising_rounds_as_f32_round_does() {
         let mut values: Vec<f32> = (-140 * 4096..=140 * 4096)
             .map(|i| i as f32 / 4096.0)
