@@ -292,7 +292,10 @@ fn choose_cpu_kernel(kernel: config::CpuKernel) -> anyhow::Result<()> {
             kept = kept.name(),
             "text_model.cpu_kernel: the kernels were already chosen in this process; keeping them"
         ),
-        Err(e) => anyhow::bail!("text_model.cpu_kernel = {kernel:?}: {e}"),
+        Err(e) => anyhow::bail!(
+            "text_model.cpu_kernel = {:?}: {e}",
+            format!("{kernel:?}").to_lowercase()
+        ),
     }
     tracing::info!(
         kernel = int8_matmul::kernel_name(),
