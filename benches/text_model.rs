@@ -15,11 +15,13 @@ use moderato::moderation::text::model::EmbeddingClassifier;
 use moderato::moderation::{Deadline, TextClassifier};
 
 fn load() -> EmbeddingClassifier {
-    // The service's setting, so that an AVX-512 machine can measure the AVX2
-    // kernel most servers run: MODERATO_TEXT_MODEL__CPU_KERNEL=avx2.
-    let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
+    // The service's setting, so that one machine can measure each kernel it
+    // runs: MODERATO_TEXT_MODEL__CPU_KERNEL=avx2 (or avxvnni, avx512vnni, ...).
+    let choice = int8_matmul::KernelChoice::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
         .unwrap_or_else(|e| panic!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"));
-    int8_matmul::limit_kernel(limit).expect("the first model of the process");
+    if let Err(e) = int8_matmul::choose_kernel(choice) {
+        panic!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}");
+    }
     eprintln!("int8 kernel: {}", int8_matmul::kernel_name());
     let dir = moderato::config::repository_models_dir();
     match EmbeddingClassifier::load(&dir) {

@@ -3,11 +3,15 @@
 //! (`benches/load.sh`), so that what the service adds around the model shows.
 //!
 //! Usage: `cargo run --release --example latency -- [RUNS] [TEXT]`
-//! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2` measures the AVX2 kernel on a
-//! machine with AVX-512). Prints the median and the 90th and 99th
+//! (`MODERATO_TEXT_MODEL__CPU_KERNEL=avx2`, `avxvnni`, ... forces one kernel,
+//! to measure each on one machine). Prints the median and the 90th and 99th
 //! percentiles of RUNS calls (default 300) after 30 warm-up calls.
 //! `MODERATO_TEXT_HEADS=FILE` times other heads than the shipped ones with
-//! the same binary (heads of before a change, say).
+//! the same binary (heads of before a change, say);
+//! `MODERATO_TEXT_MODEL__SECOND_STAGE=true` the shipped second stage (e5
+//! reads again what the first stage finds suspect). TEXT `@mixed` times
+//! `benches/texts/mixed.jsonl`, one text a call, and prints characters per
+//! second of RUNS passes over them (the median pass).
 
 use std::time::Instant;
 
@@ -24,14 +28,20 @@ fn main() -> anyhow::Result<()> {
         None => 300,
     };
     let text = args.get(1).map_or(LOAD_SH_SHORT, String::as_str);
-    let limit = int8_matmul::KernelLimit::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
+    let choice = int8_matmul::KernelChoice::from_env("MODERATO_TEXT_MODEL__CPU_KERNEL")
         .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
-    int8_matmul::limit_kernel(limit).expect("the first model of the process");
+    int8_matmul::choose_kernel(choice)
+        .map_err(|e| anyhow::anyhow!("MODERATO_TEXT_MODEL__CPU_KERNEL: {e}"))?;
     let dir = moderato::config::repository_models_dir();
+    let second_stage =
+        std::env::var("MODERATO_TEXT_MODEL__SECOND_STAGE").is_ok_and(|v| v == "true");
     let model = match std::env::var_os("MODERATO_TEXT_HEADS") {
         Some(path) => EmbeddingClassifier::load_with_heads(&dir, &std::fs::read_to_string(path)?)?,
-        None => EmbeddingClassifier::load(&dir)?,
+        None => EmbeddingClassifier::load_shipped(&dir, second_stage)?,
     };
+    if text == "@mixed" {
+        return mixed(&model, runs);
+    }
     let windows = model.embed_windows(&[text])?;
     println!(
         "heads {}, kernel {}, {} chunk(s) for {:?}",
@@ -58,6 +68,42 @@ fn main() -> anyhow::Result<()> {
         at(0.5),
         at(0.9),
         at(0.99)
+    );
+    Ok(())
+}
+
+/// Characters per second over the mixed texts, one text a call: the median
+/// of `runs` passes after one warm-up pass.
+fn mixed(model: &EmbeddingClassifier, runs: usize) -> anyhow::Result<()> {
+    let texts: Vec<String> = include_str!("../benches/texts/mixed.jsonl")
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            Ok(v["text"].as_str().unwrap_or_default().to_string())
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+    let pass = || -> anyhow::Result<f64> {
+        let started = Instant::now();
+        for t in &texts {
+            model.score_batch(&[t.as_str()])?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    pass()?;
+    let mut times: Vec<f64> = (0..runs.max(1))
+        .map(|_| pass())
+        .collect::<anyhow::Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!(
+        "heads {}, kernel {}: {} texts ({chars} chars) one a call, median of {} passes {:.1} ms: {:.0} chars/s",
+        model.version(),
+        int8_matmul::kernel_name(),
+        texts.len(),
+        times.len(),
+        median * 1e3,
+        chars as f64 / median
     );
     Ok(())
 }

@@ -153,7 +153,7 @@ pub const OCR_SIDE_RANGE: std::ops::RangeInclusive<u32> = 32..=4096;
 pub struct TextModelConfig {
     /// Window embeddings kept across requests (0: no cache).
     pub embedding_cache_entries: usize,
-    /// The widest instructions the encoder's 8-bit kernels may use.
+    /// The encoders' 8-bit kernel: the best the CPU has, or one by name.
     pub cpu_kernel: CpuKernel,
     /// The text path of the requests whose policy says nothing: accurate
     /// (texts the first stage finds suspect are read again by
@@ -180,23 +180,33 @@ impl TextModelConfig {
     }
 }
 
-/// `text_model.cpu_kernel`: every kernel gives the same embeddings, so this
-/// changes speed only. `avx2` lets a machine with AVX-512 measure (or run)
-/// what machines without it run.
+/// `text_model.cpu_kernel`: every kernel gives the same embeddings bit for
+/// bit, so this changes speed only. `auto` picks the widest kernel the CPU
+/// runs; a name forces that kernel (to measure what other machines run, or
+/// to rule out an instruction set), and one the CPU lacks stops startup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuKernel {
     Auto,
+    /// Accepted so that asking for it says why it is refused: no AMX
+    /// kernel is built (see docs/performance-kernels.md).
+    Amx,
+    Avx512vnni,
+    Avxvnni,
     Avx2,
     Portable,
 }
 
 impl CpuKernel {
-    pub fn limit(self) -> int8_matmul::KernelLimit {
+    pub fn choice(self) -> int8_matmul::KernelChoice {
+        use int8_matmul::{Kernel, KernelChoice};
         match self {
-            CpuKernel::Auto => int8_matmul::KernelLimit::Auto,
-            CpuKernel::Avx2 => int8_matmul::KernelLimit::Avx2,
-            CpuKernel::Portable => int8_matmul::KernelLimit::Portable,
+            CpuKernel::Auto => KernelChoice::Auto,
+            CpuKernel::Amx => KernelChoice::Amx,
+            CpuKernel::Avx512vnni => KernelChoice::Force(Kernel::Avx512Vnni),
+            CpuKernel::Avxvnni => KernelChoice::Force(Kernel::AvxVnni),
+            CpuKernel::Avx2 => KernelChoice::Force(Kernel::Avx2),
+            CpuKernel::Portable => KernelChoice::Force(Kernel::Portable),
         }
     }
 }
@@ -1085,6 +1095,36 @@ mod tests {
             );
             let err = Config::load(None).unwrap_err().to_string();
             assert!(err.contains("https://images.example.com/"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn every_cpu_kernel_name_is_a_setting_and_others_are_refused() {
+        use int8_matmul::{Kernel, KernelChoice};
+        for (name, choice) in [
+            ("auto", KernelChoice::Auto),
+            ("amx", KernelChoice::Amx),
+            ("avx512vnni", KernelChoice::Force(Kernel::Avx512Vnni)),
+            ("avxvnni", KernelChoice::Force(Kernel::AvxVnni)),
+            ("avx2", KernelChoice::Force(Kernel::Avx2)),
+            ("portable", KernelChoice::Force(Kernel::Portable)),
+        ] {
+            figment::Jail::expect_with(|jail| {
+                jail.set_env("MODERATO_TEXT_MODEL__CPU_KERNEL", name);
+                let config = Config::load(None).expect("a kernel's name is valid");
+                assert_eq!(config.text_model.cpu_kernel.choice(), choice, "{name}");
+                Ok(())
+            });
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MODERATO_TEXT_MODEL__CPU_KERNEL", "avx512");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.to_lowercase().contains("cpu_kernel"), "{err}");
+            assert!(
+                err.contains("avx512vnni"),
+                "the error lists the names: {err}"
+            );
             Ok(())
         });
     }

@@ -227,7 +227,7 @@ fn load_signer(config: &Config) -> anyhow::Result<Arc<signing::ResponseSigner>> 
 /// for the life of the process, so that several apps in one process (the
 /// tests) share them.
 pub fn build_engine(config: &Config) -> anyhow::Result<Engine> {
-    choose_cpu_kernel(config.text_model.cpu_kernel);
+    choose_cpu_kernel(config.text_model.cpu_kernel)?;
     let paths = text_classifiers(
         config.text_classifier,
         &config.models_dir,
@@ -336,18 +336,27 @@ fn ocr_parts(config: &Config) -> anyhow::Result<Option<moderation::engine::OcrPa
 
 /// Applies `text_model.cpu_kernel` before the first model is quantised. The
 /// choice is process-wide and made once; a second app in the same process
-/// (the tests) asking for another keeps the first and says so.
-fn choose_cpu_kernel(kernel: config::CpuKernel) {
-    if int8_matmul::limit_kernel(kernel.limit()).is_err() {
-        tracing::warn!(
+/// (the tests) asking for another keeps the first and says so. A kernel the
+/// CPU cannot run is a startup error: silently running another would make
+/// a measurement or an operator's rule a lie.
+fn choose_cpu_kernel(kernel: config::CpuKernel) -> anyhow::Result<()> {
+    match int8_matmul::choose_kernel(kernel.choice()) {
+        Ok(_) => {}
+        Err(int8_matmul::ChoiceError::AlreadyChosen { kept }) => tracing::warn!(
             requested = ?kernel,
+            kept = kept.name(),
             "text_model.cpu_kernel: the kernels were already chosen in this process; keeping them"
-        );
+        ),
+        Err(e) => anyhow::bail!(
+            "text_model.cpu_kernel = {:?}: {e}",
+            format!("{kernel:?}").to_lowercase()
+        ),
     }
     tracing::info!(
         kernel = int8_matmul::kernel_name(),
         "text encoder CPU kernel"
     );
+    Ok(())
 }
 
 type TextCache = Mutex<HashMap<(String, PathBuf), TextPaths>>;
@@ -434,4 +443,19 @@ fn image_classifier(models_dir: &Path) -> anyhow::Result<Arc<dyn ImageClassifier
         .unwrap_or_else(|e| e.into_inner())
         .insert(models_dir.to_path_buf(), loaded.clone());
     Ok(loaded)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cpu_kernel_that_cannot_run_stops_startup_and_says_why() {
+        let err = super::choose_cpu_kernel(crate::config::CpuKernel::Amx)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cpu_kernel") && err.contains("amx"), "{err}");
+        assert!(
+            err.contains("\"auto\""),
+            "it says what to use instead: {err}"
+        );
+    }
 }

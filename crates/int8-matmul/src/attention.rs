@@ -121,22 +121,19 @@ dispatch! {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (qo, ko, vo) = (h * head_dim, hidden + h * head_dim, 2 * hidden + h * head_dim);
         scratch.clear();
-        scratch.resize(head_dim * len + len, 0.0);
-        let (kt, scores) = scratch.split_at_mut(head_dim * len);
+        // Key rows padded with zeros to whole chunks of scores.
+        let padded = len.next_multiple_of(SCORE_CHUNK);
+        scratch.resize(head_dim * padded + len, 0.0);
+        let (kt, scores) = scratch.split_at_mut(head_dim * padded);
         // Keys transposed, so that a query's scores are sums of whole rows.
         for j in 0..len {
             for d in 0..head_dim {
-                kt[d * len + j] = qkv[j * stride + ko + d];
+                kt[d * padded + j] = qkv[j * stride + ko + d];
             }
         }
         for i in 0..len {
             let q = &qkv[i * stride + qo..i * stride + qo + head_dim];
-            scores.fill(0.0);
-            for (d, &qd) in q.iter().enumerate() {
-                for (s, k) in scores.iter_mut().zip(&kt[d * len..(d + 1) * len]) {
-                    *s += qd * *k;
-                }
-            }
+            query_scores(q, kt, padded, scores);
             for s in scores.iter_mut() {
                 *s *= scale;
             }
@@ -146,15 +143,69 @@ dispatch! {
             }
             let inv = 1.0 / sum_by(scores, |v| v);
             let o = &mut out[i * hidden + h * head_dim..i * hidden + (h + 1) * head_dim];
-            o.fill(0.0);
-            for (j, &e) in scores.iter().enumerate() {
-                let p = e * inv;
-                let v = &qkv[j * stride + vo..j * stride + vo + head_dim];
-                for (a, b) in o.iter_mut().zip(v) {
-                    *a += p * *b;
+            weighted_values(scores, inv, |j| &qkv[j * stride + vo..j * stride + vo + head_dim], o);
+        }
+    }
+}
+
+/// Values side by side in the accumulators below: four AVX2 registers.
+const CHUNK: usize = 32;
+
+/// Scores side by side in [`query_scores`]'s accumulators: one AVX-512
+/// register, two AVX2 ones. Key rows are padded to a multiple of it.
+const SCORE_CHUNK: usize = 16;
+
+/// `scores[j] = Σ_d q[d] · kt[d * padded + j]`, summed over `d` in order;
+/// `kt`'s rows are `padded` (a multiple of [`SCORE_CHUNK`]) long.
+///
+/// Why in chunks of keys held in local accumulators: summing into `scores`
+/// in memory, one `d` at a time, made every step wait for the previous
+/// one's store; attention then took as long as a layer's products for a
+/// short text. The additions are the same, in the same order, so the bits
+/// are too (the padding's lanes are computed and dropped).
+#[inline(always)]
+fn query_scores(q: &[f32], kt: &[f32], padded: usize, scores: &mut [f32]) {
+    for (c, chunk) in scores.chunks_mut(SCORE_CHUNK).enumerate() {
+        let j = c * SCORE_CHUNK;
+        let mut acc = [0f32; SCORE_CHUNK];
+        for (d, &qd) in q.iter().enumerate() {
+            let k: &[f32; SCORE_CHUNK] = kt[d * padded + j..][..SCORE_CHUNK]
+                .try_into()
+                .expect("a whole chunk: rows are padded");
+            for (a, k) in acc.iter_mut().zip(k) {
+                *a += qd * *k;
+            }
+        }
+        chunk.copy_from_slice(&acc[..chunk.len()]);
+    }
+}
+
+/// `o = Σ_j (e[j] · inv) · value(j)`, summed over `j` in order, a chunk of
+/// `o` at a time in local accumulators (see [`query_scores`]); a head's
+/// values are a whole chunk in both encoders (32).
+#[inline(always)]
+fn weighted_values<'v>(e: &[f32], inv: f32, value: impl Fn(usize) -> &'v [f32], o: &mut [f32]) {
+    for (c, chunk) in o.chunks_mut(CHUNK).enumerate() {
+        let at = c * CHUNK;
+        let mut acc = [0f32; CHUNK];
+        if let Ok(acc) = <&mut [f32; CHUNK]>::try_from(&mut acc[..chunk.len()]) {
+            for (j, &ej) in e.iter().enumerate() {
+                let p = ej * inv;
+                let v: &[f32; CHUNK] = value(j)[at..][..CHUNK].try_into().expect("a chunk");
+                for (a, v) in acc.iter_mut().zip(v) {
+                    *a += p * *v;
+                }
+            }
+        } else {
+            let acc = &mut acc[..chunk.len()];
+            for (j, &ej) in e.iter().enumerate() {
+                let p = ej * inv;
+                for (a, v) in acc.iter_mut().zip(&value(j)[at..]) {
+                    *a += p * *v;
                 }
             }
         }
+        chunk.copy_from_slice(&acc[..chunk.len()]);
     }
 }
 
@@ -199,6 +250,75 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The attention of one head as it was first written (scores summed in
+    /// memory one `d` at a time): the bits the chunked loops must keep.
+    fn head_as_first_written(qkv: &[f32], h: usize, dh: usize, hidden: usize) -> Vec<f32> {
+        let stride = 3 * hidden;
+        let len = qkv.len() / stride;
+        let scale = 1.0 / (dh as f32).sqrt();
+        let (qo, ko, vo) = (h * dh, hidden + h * dh, 2 * hidden + h * dh);
+        let mut kt = vec![0f32; dh * len];
+        for j in 0..len {
+            for d in 0..dh {
+                kt[d * len + j] = qkv[j * stride + ko + d];
+            }
+        }
+        let mut out = vec![0f32; len * dh];
+        let mut scores = vec![0f32; len];
+        for i in 0..len {
+            scores.fill(0.0);
+            for d in 0..dh {
+                for (s, k) in scores.iter_mut().zip(&kt[d * len..(d + 1) * len]) {
+                    *s += qkv[i * stride + qo + d] * *k;
+                }
+            }
+            for s in scores.iter_mut() {
+                *s *= scale;
+            }
+            let max = max_of(&scores);
+            for s in scores.iter_mut() {
+                *s = exp(*s - max);
+            }
+            let inv = 1.0 / sum_by(&scores, |v| v);
+            for (j, &e) in scores.iter().enumerate() {
+                let p = e * inv;
+                for d in 0..dh {
+                    out[i * dh + d] += p * qkv[j * stride + vo + d];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn chunked_loops_keep_the_bits_of_the_first_attention() {
+        for (heads, dh) in [(12, 32), (2, 40), (1, 8), (1, 64)] {
+            let hidden = heads * dh;
+            for len in [1, 2, 7, 16, 31, 32, 33, 70] {
+                let qkv: Vec<f32> = values(len * 3 * hidden, len as u32)
+                    .iter()
+                    .map(|v| v * 8.0)
+                    .collect();
+                let whole = 0..len;
+                let mut out = vec![0f32; len * hidden];
+                attention(&qkv, std::slice::from_ref(&whole), heads, dh, &mut out);
+                for h in 0..heads {
+                    let want = head_as_first_written(&qkv, h, dh, hidden);
+                    for i in 0..len {
+                        let got = &out[i * hidden + h * dh..][..dh];
+                        let want = &want[i * dh..][..dh];
+                        assert!(
+                            got.iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "heads {heads} dh {dh} len {len} head {h} token {i}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -73,122 +73,233 @@ fn split(work: usize, at_least: usize) -> bool {
 pub const BLOCK: usize = 32;
 
 /// The kernels. For a matrix of any [`Form`], all of them sum the same
-/// integer products into the same lanes per block and scale them in the
-/// same order, so they give bit-identical results: embeddings do not depend
-/// on the CPU's features.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
+/// exact integer products per block and scale them in the same order, so
+/// they give bit-identical results: embeddings do not depend on the CPU's
+/// features. Listed from the narrowest to the widest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kernel {
+    /// Plain Rust loops: any CPU.
     Portable,
-    /// 16-bit multiply-adds (`vpmaddwd`).
+    /// 16-bit multiply-adds (`vpmaddwd`, `vpmaddubsw`) on 256-bit registers.
     Avx2,
-    /// 8-bit dot products (`vpdpbusd`, AVX-512 VNNI on 256-bit registers):
-    /// about half the instructions. Its blocks are stored permuted so that
-    /// each lane sums the same four products as the AVX2 kernel's.
-    Vnni,
+    /// 8-bit dot products (`vpdpbusd`, VEX-encoded AVX-VNNI) on 256-bit
+    /// registers: Intel since Alder Lake / Sapphire Rapids, AMD since Zen 5.
+    AvxVnni,
+    /// 8-bit dot products (`vpdpbusd`, AVX-512 VNNI) on 512-bit registers,
+    /// sixteen output columns at a time: Intel since Ice Lake, AMD since Zen 4.
+    Avx512Vnni,
 }
 
-/// The widest instructions the kernels may use. The kernels give the same
-/// bits, so a limit changes only speed: it lets a benchmark on a machine
-/// with AVX-512 measure the AVX2 kernel that most servers run, and lets an
-/// operator rule out an instruction set.
+impl Kernel {
+    /// Every kernel, narrowest first.
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512Vnni,
+    ];
+
+    /// The name `text_model.cpu_kernel` and the logs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Avx2 => "avx2",
+            Kernel::AvxVnni => "avxvnni",
+            Kernel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// The CPU features the kernel needs, as Linux's `/proc/cpuinfo` and
+    /// `is_x86_feature_detected!` name them (for error messages).
+    pub fn needs(self) -> &'static str {
+        match self {
+            Kernel::Portable => "nothing",
+            Kernel::Avx2 => "avx2 and fma",
+            Kernel::AvxVnni => "avx2, fma and avxvnni",
+            Kernel::Avx512Vnni => "avx2, fma, avx512f, avx512vl and avx512vnni",
+        }
+    }
+
+    /// Whether this CPU can run the kernel. The `unsafe` calls of each
+    /// kernel rely on this check alone.
+    pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma");
+            match self {
+                Kernel::Portable => true,
+                Kernel::Avx2 => avx2,
+                Kernel::AvxVnni => avx2 && has!("avxvnni"),
+                Kernel::Avx512Vnni => {
+                    avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Portable
+        }
+    }
+
+    /// The kernels this CPU can run, narrowest first.
+    pub fn available() -> Vec<Kernel> {
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| k.is_supported())
+            .collect()
+    }
+
+    /// The widest kernel this CPU can run.
+    fn best_of_cpu() -> Kernel {
+        Kernel::available()
+            .pop()
+            .expect("the portable kernel runs anywhere")
+    }
+
+    /// Whether the kernel multiplies [`Form::Rows`] with 8-bit dot
+    /// products, reading offset activations in [`VNNI_ORDER`].
+    fn offset_rows(self) -> bool {
+        matches!(self, Kernel::AvxVnni | Kernel::Avx512Vnni)
+    }
+
+    /// The kernel the process uses (see [`choose_kernel`]).
+    fn detect() -> Kernel {
+        static DETECTED: OnceLock<Kernel> = OnceLock::new();
+        *DETECTED.get_or_init(|| match choice() {
+            KernelChoice::Auto => Kernel::best_of_cpu(),
+            KernelChoice::Force(kernel) => kernel,
+            // `choose_kernel` refuses it, so the choice is never stored.
+            KernelChoice::Amx => unreachable!("the AMX kernel is never chosen"),
+        })
+    }
+}
+
+/// What `text_model.cpu_kernel` asks for: the best kernel the CPU has, or
+/// one kernel by name (to measure it, or to rule out an instruction set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelLimit {
-    /// The best kernel the CPU can run.
+pub enum KernelChoice {
+    /// The widest kernel the CPU can run.
     Auto,
-    /// At most AVX2 (no AVX-512 VNNI).
-    Avx2,
-    /// The portable loops only (no AVX2 anywhere).
-    Portable,
+    /// AMX tiles: not built (see [`ChoiceError::NotBuilt`]); accepted as a
+    /// name so that asking for it says why it is refused.
+    Amx,
+    /// This kernel, or a startup error if the CPU lacks it.
+    Force(Kernel),
 }
 
-impl KernelLimit {
-    /// The limit named by the environment variable `var` (`auto`, `avx2` or
-    /// `portable`); `Auto` when it is not set. For benchmarks and examples,
-    /// which read the service's `MODERATO_TEXT_MODEL__CPU_KERNEL`.
-    pub fn from_env(var: &str) -> Result<KernelLimit, String> {
+impl KernelChoice {
+    /// The choice named by the environment variable `var`; `Auto` when it
+    /// is not set. For benchmarks and examples, which read the service's
+    /// `MODERATO_TEXT_MODEL__CPU_KERNEL`.
+    pub fn from_env(var: &str) -> Result<KernelChoice, String> {
         match std::env::var(var) {
-            Err(_) => Ok(KernelLimit::Auto),
+            Err(_) => Ok(KernelChoice::Auto),
             Ok(v) => v.parse(),
         }
     }
 }
 
-impl std::str::FromStr for KernelLimit {
+impl std::str::FromStr for KernelChoice {
     type Err = String;
 
-    fn from_str(s: &str) -> Result<KernelLimit, String> {
+    fn from_str(s: &str) -> Result<KernelChoice, String> {
         match s {
-            "auto" => Ok(KernelLimit::Auto),
-            "avx2" => Ok(KernelLimit::Avx2),
-            "portable" => Ok(KernelLimit::Portable),
-            other => Err(format!(
-                "{other:?} is not a kernel limit: expected auto, avx2 or portable"
-            )),
+            "auto" => Ok(KernelChoice::Auto),
+            "amx" => Ok(KernelChoice::Amx),
+            other => Kernel::ALL
+                .into_iter()
+                .find(|k| k.name() == other)
+                .map(KernelChoice::Force)
+                .ok_or_else(|| {
+                    format!(
+                        "{other:?} is not a CPU kernel: expected auto, amx, avx512vnni, \
+                         avxvnni, avx2 or portable"
+                    )
+                }),
         }
     }
 }
 
-/// Returned by [`limit_kernel`] when the kernels were already chosen.
+/// Why [`choose_kernel`] refused a choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AlreadyChosen;
+pub enum ChoiceError {
+    /// The kernels were already chosen differently in this process.
+    AlreadyChosen { kept: Kernel },
+    /// The CPU lacks the instructions of the forced kernel.
+    Unsupported(Kernel),
+    /// No AMX kernel is built: it could not be run and tested on a machine
+    /// with AMX, and an untested kernel is not shipped.
+    NotBuilt(&'static str),
+}
 
-static LIMIT: OnceLock<KernelLimit> = OnceLock::new();
-
-/// Sets the widest kernel for the whole process. Call it before the first
-/// matrix is quantised: the choice is made once, at that point, and a later
-/// call that would change it fails.
-pub fn limit_kernel(limit: KernelLimit) -> Result<(), AlreadyChosen> {
-    match LIMIT.set(limit) {
-        Ok(()) => Ok(()),
-        Err(_) if LIMIT.get() == Some(&limit) => Ok(()),
-        Err(_) => Err(AlreadyChosen),
+impl std::fmt::Display for ChoiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChoiceError::AlreadyChosen { kept } => write!(
+                f,
+                "the CPU kernel was already chosen in this process ({})",
+                kept.name()
+            ),
+            ChoiceError::Unsupported(k) => write!(
+                f,
+                "this CPU cannot run the {} kernel (it needs {}); use \"auto\" or one of: {}",
+                k.name(),
+                k.needs(),
+                Kernel::available()
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            ChoiceError::NotBuilt(name) => write!(
+                f,
+                "no {name} kernel is built into this version (it has not been tested on a \
+                 CPU with AMX); use \"auto\", which picks the best kernel this CPU has"
+            ),
+        }
     }
 }
 
-/// The kernels in use, by name, for logs and benchmark reports:
-/// `portable`, `avx2`, or on a VNNI machine `avx2 (vnni: row form only)`,
-/// because only [`Form::Rows`] has a VNNI kernel and both encoders'
-/// matrices take the grouped forms, which run the AVX2 kernels there.
+impl std::error::Error for ChoiceError {}
+
+static CHOICE: OnceLock<KernelChoice> = OnceLock::new();
+
+fn choice() -> KernelChoice {
+    *CHOICE.get_or_init(|| KernelChoice::Auto)
+}
+
+/// Chooses the kernel for the whole process and returns it. Call it before
+/// the first matrix is quantised: the choice is made once, at that point,
+/// and a later call that would change it fails. A forced kernel the CPU
+/// lacks is refused (nothing is chosen then).
+pub fn choose_kernel(wanted: KernelChoice) -> Result<Kernel, ChoiceError> {
+    match wanted {
+        KernelChoice::Amx => return Err(ChoiceError::NotBuilt("amx")),
+        KernelChoice::Force(kernel) if !kernel.is_supported() => {
+            return Err(ChoiceError::Unsupported(kernel))
+        }
+        _ => {}
+    }
+    let kept = match CHOICE.set(wanted) {
+        Ok(()) => return Ok(Kernel::detect()),
+        Err(_) => Kernel::detect(),
+    };
+    let same = match wanted {
+        KernelChoice::Auto => kept == Kernel::best_of_cpu(),
+        KernelChoice::Force(kernel) => kept == kernel,
+        KernelChoice::Amx => false,
+    };
+    if same {
+        Ok(kept)
+    } else {
+        Err(ChoiceError::AlreadyChosen { kept })
+    }
+}
+
+/// The kernel in use, by name, for logs and benchmark reports.
 pub fn kernel_name() -> &'static str {
-    match Kernel::detect() {
-        Kernel::Portable => "portable",
-        Kernel::Avx2 => "avx2",
-        Kernel::Vnni => "avx2 (vnni: row form only)",
-    }
-}
-
-fn limit() -> KernelLimit {
-    *LIMIT.get_or_init(|| KernelLimit::Auto)
-}
-
-impl Kernel {
-    /// The best kernel the CPU can run within the process's limit.
-    fn detect() -> Kernel {
-        static DETECTED: OnceLock<Kernel> = OnceLock::new();
-        *DETECTED.get_or_init(|| Kernel::best_of_cpu().within(limit()))
-    }
-
-    fn best_of_cpu() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                if has!("avx512vnni") && has!("avx512vl") {
-                    return Kernel::Vnni;
-                }
-                return Kernel::Avx2;
-            }
-        }
-        Kernel::Portable
-    }
-
-    fn within(self, limit: KernelLimit) -> Kernel {
-        match (self, limit) {
-            (_, KernelLimit::Portable) => Kernel::Portable,
-            (Kernel::Vnni, KernelLimit::Avx2) => Kernel::Avx2,
-            (kernel, _) => kernel,
-        }
-    }
+    Kernel::detect().name()
 }
 
 /// A matrix of `rows x cols` weights (`cols` a multiple of [`BLOCK`]),
@@ -198,9 +309,12 @@ pub struct Int8Matrix {
     cols: usize,
     kernel: Kernel,
     form: Form,
+    /// Output columns interleaved ([`Form::Narrow`], [`Form::Grouped`]):
+    /// [`GROUP`], or [`WIDE_GROUP`] for the AVX-512 VNNI kernel.
+    group: usize,
     /// [`Form::Rows`]: row-major, in the kernel's order (see
-    /// [`VNNI_ORDER`]). [`Form::Narrow`] and [`Form::Grouped`]: eight
-    /// columns interleaved (see [`interleave`]).
+    /// [`VNNI_ORDER`]). [`Form::Narrow`] and [`Form::Grouped`]: `group`
+    /// columns interleaved (see [`interleave`] and [`Layout`]).
     values: Vec<i8>,
     /// One per block of a row, in the order of `values`.
     scales: Vec<f32>,
@@ -240,6 +354,67 @@ enum Form {
 
 /// Output columns interleaved in a [`Form::Narrow`] or [`Form::Grouped`] matrix.
 const GROUP: usize = 8;
+
+/// Output columns interleaved for the AVX-512 VNNI kernel: one 512-bit
+/// register holds four weights of each of sixteen columns.
+const WIDE_GROUP: usize = 16;
+
+/// What the VNNI kernels add to [`Form::Grouped`] weights so that they are
+/// bytes `vpdpbusd` reads as unsigned (`-128..=127` becomes `0..=255`).
+const GROUPED_VNNI_OFFSET: i32 = 128;
+
+/// How the weights of a [`Form::Narrow`] or [`Form::Grouped`] matrix are
+/// interleaved for its kernel (see [`interleave`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Consecutive weights of one column side by side.
+    width: usize,
+    /// Columns side by side.
+    group: usize,
+    /// Added to every weight so it reads as an unsigned byte (0: signed).
+    offset: i32,
+}
+
+impl Layout {
+    /// The layout `kernel` multiplies `form` in, for a matrix of `rows`.
+    ///
+    /// The VNNI kernels multiply both forms the same way: weights plus an
+    /// offset, as unsigned bytes, four per column and lane (`vpdpbusd`),
+    /// against signed activations, and start each block's sums at minus the
+    /// offset times the activations' block sum, so the sums are the exact
+    /// integers the portable kernel computes.
+    fn of(form: Form, kernel: Kernel, rows: usize) -> Layout {
+        let vnni = matches!(kernel, Kernel::AvxVnni | Kernel::Avx512Vnni);
+        let group = if kernel == Kernel::Avx512Vnni && rows.is_multiple_of(WIDE_GROUP) {
+            WIDE_GROUP
+        } else {
+            GROUP
+        };
+        match form {
+            Form::Narrow => Layout {
+                width: 4,
+                group,
+                offset: NARROW_OFFSET,
+            },
+            Form::Grouped if vnni => Layout {
+                width: 4,
+                group,
+                offset: GROUPED_VNNI_OFFSET,
+            },
+            Form::Grouped | Form::Rows => Layout {
+                width: 2,
+                group: GROUP,
+                offset: 0,
+            },
+        }
+    }
+
+    /// Whether the activations are signed bytes with their block sums
+    /// ([`RowValues::Signed`]).
+    fn signed_activations(self) -> bool {
+        self.width == 4
+    }
+}
 
 /// What [`Form::Narrow`] adds to each weight so that it is a byte the
 /// multiply-add instructions read as unsigned.
@@ -322,31 +497,37 @@ fn permute_blocks<T: Copy>(values: &mut [T]) {
     }
 }
 
-/// The order of [`Form::Narrow`] (`width` 4, `offset` [`NARROW_OFFSET`])
-/// and [`Form::Grouped`] (`width` 2, `offset` 0) for row-major weights and
-/// their block scales. For output columns `8g..8g+8`, block `b` is 256
+/// The order of [`Form::Narrow`] and [`Form::Grouped`] for row-major
+/// weights and their block scales (see [`Layout::of`]: for the portable and
+/// AVX2 kernels, narrow is `width` 4 with `offset` [`NARROW_OFFSET`] and
+/// grouped `width` 2 with `offset` 0, both in groups of [`GROUP`]). For
+/// output columns `G*g..G*g+G` (`G` = `layout.group`), block `b` is `32 G`
 /// bytes: step `s` holds, for each column `c` in turn, its `width` weights
-/// from `32b + width * s`, plus `offset`. The block's scales follow the same
-/// order, eight columns together.
+/// from `32b + width * s`, plus `offset`. The block's scales follow the
+/// same order, `G` columns together.
 fn interleave(
     values: &[i8],
     scales: &[f32],
     (rows, cols): (usize, usize),
-    width: usize,
-    offset: i32,
+    layout: Layout,
 ) -> (Vec<i8>, Vec<f32>) {
+    let Layout {
+        width,
+        group,
+        offset,
+    } = layout;
     let blocks = cols / BLOCK;
     let mut out = vec![0i8; values.len()];
     let mut out_scales = vec![0f32; scales.len()];
     for n in 0..rows {
-        let (g, c) = (n / GROUP, n % GROUP);
+        let (g, c) = (n / group, n % group);
         for b in 0..blocks {
             let group_block = g * blocks + b;
-            out_scales[group_block * GROUP + c] = scales[n * blocks + b];
-            let base = group_block * GROUP * BLOCK;
+            out_scales[group_block * group + c] = scales[n * blocks + b];
+            let base = group_block * group * BLOCK;
             for i in 0..BLOCK {
-                let at = base + (i / width) * GROUP * width + c * width + i % width;
-                // As a byte: the narrow kernels read it unsigned (0..=16).
+                let at = base + (i / width) * group * width + c * width + i % width;
+                // As a byte: the offset kernels read it unsigned (0..=255).
                 out[at] = (values[n * cols + b * BLOCK + i] as i32 + offset) as u8 as i8;
             }
         }
@@ -384,9 +565,34 @@ fn quantize_block<T: Copy>(block: &[f32], out: &mut [T], to: impl Fn(i32) -> T) 
     }
     let inv = 127.0 / max;
     for (o, v) in out.iter_mut().zip(block) {
-        *o = to((v * inv).round().clamp(-127.0, 127.0) as i32);
+        *o = to(integral_to_i32(
+            round_half_away(v * inv).clamp(-127.0, 127.0),
+        ));
     }
     max / 127.0
+}
+
+/// `v.round()` (half away from zero), exactly, for `|v| < 2^22`, in
+/// operations that vectorise. Why: `f32::round` and the saturating `as i32`
+/// made the activations' quantisation a scalar loop with a branch per value,
+/// a third of a short text's product time once the products were VNNI.
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let t = v.trunc();
+    // `v - t` is exact: the fraction of a float below 2^22.
+    if (v - t).abs() >= 0.5 {
+        t + 1.0f32.copysign(v)
+    } else {
+        t
+    }
+}
+
+/// An integral `v` with `|v| <= 2^22` as `i32`: adding 1.5 x 2^23 puts it
+/// in the low mantissa bits (exactly, as it is an integer).
+#[inline(always)]
+fn integral_to_i32(v: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
 simd::dispatch! {
@@ -437,6 +643,44 @@ impl Int8Matrix {
         Int8Matrix::quantize_for(weights, rows, cols, Kernel::detect())
     }
 
+    /// [`Int8Matrix::quantize`] for a given kernel (to measure or compare
+    /// kernels in one process); refused if the CPU cannot run it.
+    pub fn quantize_with(
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+        kernel: Kernel,
+    ) -> Result<Int8Matrix, ChoiceError> {
+        if !kernel.is_supported() {
+            return Err(ChoiceError::Unsupported(kernel));
+        }
+        Ok(Int8Matrix::quantize_for(weights, rows, cols, kernel))
+    }
+
+    /// [`Int8Matrix::from_blocks`] for a given kernel; refused if the CPU
+    /// cannot run it.
+    pub fn from_blocks_with(
+        values: Vec<i8>,
+        scales: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        kernel: Kernel,
+    ) -> Result<Int8Matrix, ChoiceError> {
+        if !kernel.is_supported() {
+            return Err(ChoiceError::Unsupported(kernel));
+        }
+        Ok(Int8Matrix::from_blocks_for(
+            values, scales, rows, cols, kernel,
+        ))
+    }
+
+    /// The kernel this matrix is multiplied with.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// Callers check `kernel.is_supported()`: every product of the matrix
+    /// runs `kernel` unchecked.
     fn quantize_for(weights: &[f32], rows: usize, cols: usize, kernel: Kernel) -> Int8Matrix {
         assert_eq!(weights.len(), rows * cols, "weights are not rows x cols");
         assert!(
@@ -476,12 +720,11 @@ impl Int8Matrix {
         } else {
             Form::Grouped
         };
-        let shape = (rows, cols);
+        let layout = Layout::of(form, kernel, rows);
         let (values, scales) = match form {
-            Form::Narrow => interleave(&values, &scales, shape, 4, NARROW_OFFSET),
-            Form::Grouped => interleave(&values, &scales, shape, 2, 0),
+            Form::Narrow | Form::Grouped => interleave(&values, &scales, (rows, cols), layout),
             Form::Rows => {
-                if kernel == Kernel::Vnni {
+                if kernel.offset_rows() {
                     permute_blocks(&mut values);
                 }
                 (values, scales)
@@ -492,6 +735,7 @@ impl Int8Matrix {
             cols,
             kernel,
             form,
+            group: layout.group,
             values,
             scales,
         }
@@ -499,6 +743,10 @@ impl Int8Matrix {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::of(self.form, self.kernel, self.rows)
     }
 
     pub fn cols(&self) -> usize {
@@ -599,7 +847,7 @@ impl<'a> Int8Rows<'a> {
         } = scratch;
         scales.clear();
         scales.resize(x.len() / BLOCK, 0.0);
-        if w.form == Form::Narrow {
+        if w.layout().signed_activations() {
             signed.clear();
             signed.resize(x.len(), 0);
             sums.clear();
@@ -611,9 +859,9 @@ impl<'a> Int8Rows<'a> {
             };
             return Int8Rows { k, values, scales };
         }
-        // Only the row form's VNNI kernel reads offset bytes; every other
-        // kernel of every form reads values widened to 16 bits.
-        let values = if w.form == Form::Rows && w.kernel == Kernel::Vnni {
+        // Only the row form's VNNI kernels read offset bytes; the portable
+        // and AVX2 kernels of the other forms read values widened to 16 bits.
+        let values = if w.form == Form::Rows && w.kernel.offset_rows() {
             offset.clear();
             offset.resize(x.len(), 0);
             quantize_offset(x, offset, scales);
@@ -649,40 +897,50 @@ mod kernel {
     /// `out` must point to `x.rows()` rows of `out.ld >= cols.end` values
     /// that no other thread touches in `cols`.
     pub(super) unsafe fn run(w: &Int8Matrix, x: &Int8Rows, cols: Range<usize>, out: OutPtr) {
+        // SAFETY (every x86 call below): a matrix is only built for a
+        // kernel the CPU runs (`Kernel::is_supported`, checked by
+        // `choose_kernel` and the `*_with` constructors), and each function
+        // is compiled for no more than that kernel's features.
         match (w.form, &x.values) {
-            (Form::Narrow, &RowValues::Signed { values, sums }) => {
+            (Form::Narrow | Form::Grouped, &RowValues::Signed { values, sums }) => {
                 let x = Narrow {
                     values,
                     sums,
                     scales: x.scales,
                     k: x.k,
                 };
-                match w.kernel {
+                match (w.kernel, w.form) {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Kernel::detect` chose this kernel because the
-                    // CPU has AVX2 (every VNNI machine has too). VNNI's dot
-                    // products would save instructions in this form and the
-                    // grouped one; they are not written because both were
-                    // built on a machine without VNNI, where they could not
-                    // be tested.
-                    Kernel::Avx2 | Kernel::Vnni => unsafe { x86::narrow_avx2(w, &x, cols, out) },
-                    _ => portable_narrow(w, &x, cols, out),
+                    (Kernel::Avx512Vnni, _) if w.group == super::WIDE_GROUP => unsafe {
+                        x86::dot_avx512(w, &x, cols, out)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    (Kernel::Avx512Vnni, _) => unsafe { x86::dot_avx512_256(w, &x, cols, out) },
+                    #[cfg(target_arch = "x86_64")]
+                    (Kernel::AvxVnni, _) => unsafe { x86::dot_avxvnni(w, &x, cols, out) },
+                    #[cfg(target_arch = "x86_64")]
+                    (Kernel::Avx2, Form::Narrow) => unsafe { x86::narrow_avx2(w, &x, cols, out) },
+                    (Kernel::Portable, Form::Narrow) => portable_narrow(w, &x, cols, out),
+                    _ => unreachable!("signed activations for another kernel"),
                 }
             }
             (Form::Grouped, RowValues::Wide(xv)) => match w.kernel {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: as for the narrow form above.
-                Kernel::Avx2 | Kernel::Vnni => unsafe { x86::grouped_avx2(w, xv, x, cols, out) },
-                _ => portable_grouped(w, xv, x, cols, out),
+                Kernel::Avx2 => unsafe { x86::grouped_avx2(w, xv, x, cols, out) },
+                Kernel::Portable => portable_grouped(w, xv, x, cols, out),
+                _ => unreachable!("wide activations for a VNNI kernel"),
             },
             (Form::Rows, values) => match (w.kernel, values) {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Kernel::detect` chose this kernel because the CPU
-                // has the features it is compiled for.
                 (Kernel::Avx2, RowValues::Wide(xv)) => unsafe { x86::avx2(w, xv, x, cols, out) },
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                (Kernel::Vnni, RowValues::Offset(xv)) => unsafe { x86::vnni(w, xv, x, cols, out) },
+                (Kernel::Avx512Vnni, RowValues::Offset(xv)) => unsafe {
+                    x86::vnni(w, xv, x, cols, out)
+                },
+                #[cfg(target_arch = "x86_64")]
+                (Kernel::AvxVnni, RowValues::Offset(xv)) => unsafe {
+                    x86::avxvnni(w, xv, x, cols, out)
+                },
                 (Kernel::Portable, RowValues::Wide(xv)) => portable(w, xv, x, cols, out),
                 _ => unreachable!("activations are quantised for the matrix's kernel"),
             },
@@ -799,7 +1057,7 @@ mod kernel {
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
-        use super::super::{Int8Matrix, Int8Rows, OutPtr, BLOCK, GROUP};
+        use super::super::{Int8Matrix, Int8Rows, OutPtr, BLOCK, GROUP, WIDE_GROUP};
         use super::Narrow;
         use std::arch::x86_64::*;
         use std::ops::Range;
@@ -924,49 +1182,70 @@ mod kernel {
             acc
         }
 
-        #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-        pub(super) unsafe fn vnni(
-            w: &Int8Matrix,
-            xv: &[u8],
-            x: &Int8Rows,
-            cols: Range<usize>,
-            out: OutPtr,
-        ) {
-            for_each_group(w, xv, x, cols, out, |wrow, wscale, rows, n| match n {
-                4 => vnni_rows::<4>(wrow, wscale, rows),
-                3 => vnni_rows::<3>(wrow, wscale, rows),
-                2 => vnni_rows::<2>(wrow, wscale, rows),
-                _ => vnni_rows::<1>(wrow, wscale, rows),
-            });
+        /// The row-form kernel on 8-bit dot products, in either encoding
+        /// of `vpdpbusd` (`$dpbusd`): AVX-512 VNNI's on 256-bit registers
+        /// (EVEX) or AVX-VNNI's (VEX). Layout: weights row-major, each
+        /// block in [`super::super::VNNI_ORDER`]; activations offset by 128
+        /// to `u8`, in the same order.
+        macro_rules! rows_vnni {
+            ($name:ident, $rows:ident, $features:literal, $dpbusd:ident) => {
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $name(
+                    w: &Int8Matrix,
+                    xv: &[u8],
+                    x: &Int8Rows,
+                    cols: Range<usize>,
+                    out: OutPtr,
+                ) {
+                    for_each_group(w, xv, x, cols, out, |wrow, wscale, rows, n| match n {
+                        4 => $rows::<4>(wrow, wscale, rows),
+                        3 => $rows::<3>(wrow, wscale, rows),
+                        2 => $rows::<2>(wrow, wscale, rows),
+                        _ => $rows::<1>(wrow, wscale, rows),
+                    });
+                }
+
+                /// [`avx2_rows`] with 8-bit dot products.
+                #[target_feature(enable = $features)]
+                #[inline]
+                unsafe fn $rows<const R: usize>(
+                    wrow: *const i8,
+                    wscale: &[f32],
+                    rows: Rows<u8>,
+                ) -> [__m256; ROWS] {
+                    let offset = _mm256_set1_epi8(-128i8); // the byte 0x80: 128 unsigned
+                    let zero = _mm256_setzero_si256();
+                    let mut acc = [_mm256_setzero_ps(); ROWS];
+                    for (b, &ws) in wscale.iter().enumerate() {
+                        // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
+                        let wv = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
+                        // The activations carry +128: start each lane at -128 x its weights.
+                        let start = _mm256_sub_epi32(zero, $dpbusd(zero, offset, wv));
+                        for (i, a) in acc.iter_mut().enumerate().take(R) {
+                            // SAFETY: the group has R rows of k bytes and k / BLOCK scales.
+                            let xs = rows.block(i, b);
+                            let sum = $dpbusd(start, _mm256_loadu_si256(xs as *const __m256i), wv);
+                            let scale = _mm256_set1_ps(ws * rows.scale(i, b));
+                            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
+                        }
+                    }
+                    acc
+                }
+            };
         }
 
-        /// [`avx2_rows`] with 8-bit dot products.
-        #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-        #[inline]
-        unsafe fn vnni_rows<const R: usize>(
-            wrow: *const i8,
-            wscale: &[f32],
-            rows: Rows<u8>,
-        ) -> [__m256; ROWS] {
-            let offset = _mm256_set1_epi8(-128i8); // the byte 0x80: 128 unsigned
-            let zero = _mm256_setzero_si256();
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for (b, &ws) in wscale.iter().enumerate() {
-                // SAFETY: b * BLOCK + 32 <= k bytes of this weight row.
-                let wv = _mm256_loadu_si256(wrow.add(b * BLOCK) as *const __m256i);
-                // The activations carry +128: start each lane at -128 x its weights.
-                let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, offset, wv));
-                for (i, a) in acc.iter_mut().enumerate().take(R) {
-                    // SAFETY: the group has R rows of k bytes and k / BLOCK scales.
-                    let xs = rows.block(i, b);
-                    let sum =
-                        _mm256_dpbusd_epi32(start, _mm256_loadu_si256(xs as *const __m256i), wv);
-                    let scale = _mm256_set1_ps(ws * rows.scale(i, b));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
-                }
-            }
-            acc
-        }
+        rows_vnni!(
+            vnni,
+            vnni_rows,
+            "avx2,fma,avx512f,avx512vnni,avx512vl",
+            _mm256_dpbusd_epi32
+        );
+        rows_vnni!(
+            avxvnni,
+            avxvnni_rows,
+            "avx2,fma,avxvnni",
+            _mm256_dpbusd_avx_epi32
+        );
 
         /// Visits every (group of eight output columns in `cols`, group of
         /// up to `ROWS` of the `m` activation rows), a tile of rows at a time
@@ -1136,6 +1415,274 @@ mod kernel {
             acc
         }
 
+        /// Visits every (up to `C` adjacent groups of `G` output columns in
+        /// `cols`, group of up to `ROWS` of the `m` activation rows), a tile
+        /// of rows at a time so that they stay in cache while the column
+        /// groups pass. `group` gets the first column group's weights and
+        /// scales (the next group's follow at [`group_stride`]), its first
+        /// activation row, its number of rows, its first output column and
+        /// its number of column groups, and stores its results itself.
+        #[inline(always)]
+        unsafe fn for_each_group_of<const G: usize, const C: usize>(
+            w: &Int8Matrix,
+            m: usize,
+            k: usize,
+            cols: Range<usize>,
+            mut group: impl FnMut(*const i8, *const f32, usize, usize, usize, usize),
+        ) {
+            let blocks = k / BLOCK;
+            assert_eq!(w.group, G, "the matrix is interleaved for this kernel");
+            assert!(cols.start.is_multiple_of(G) && cols.end.is_multiple_of(G));
+            assert!(w.values.len() >= cols.end * k && w.scales.len() >= cols.end * blocks);
+            let groups = cols.start / G..cols.end / G;
+            for tile in (0..m).step_by(TILE_ROWS) {
+                let tile_end = (tile + TILE_ROWS).min(m);
+                for g in groups.clone().step_by(C) {
+                    let together = (groups.end - g).min(C);
+                    let weights = w.values.as_ptr().add(g * blocks * G * BLOCK);
+                    let wscales = w.scales.as_ptr().add(g * blocks * G);
+                    let mut r = tile;
+                    while r < tile_end {
+                        let rows = (tile_end - r).min(ROWS);
+                        group(weights, wscales, r, rows, g * G, together);
+                        r += rows;
+                    }
+                }
+            }
+        }
+
+        /// From one column group's weights (and scales) to the next's, for
+        /// a shared dimension of `blocks` blocks.
+        #[inline(always)]
+        fn group_stride<const G: usize>(blocks: usize) -> (usize, usize) {
+            (blocks * G * BLOCK, blocks * G)
+        }
+
+        /// The activation rows of a product on signed bytes, from row `r`.
+        ///
+        /// # Safety
+        /// `r` must be below `x.rows()`.
+        #[inline(always)]
+        unsafe fn narrow_rows_from(x: &Narrow, r: usize) -> NarrowRows {
+            let (k, blocks) = (x.k, x.k / BLOCK);
+            NarrowRows {
+                values: x.values.as_ptr().add(r * k),
+                sums: x.sums.as_ptr().add(r * blocks),
+                scales: x.scales.as_ptr().add(r * blocks),
+                k,
+                blocks,
+            }
+        }
+
+        /// Checks that `x` holds `x.rows()` whole rows, for the kernels'
+        /// unchecked reads.
+        fn check_narrow(x: &Narrow) {
+            let (m, blocks) = (x.rows(), x.k / BLOCK);
+            assert!(x.values.len() >= m * x.k);
+            assert!(x.sums.len() >= m * blocks && x.scales.len() >= m * blocks);
+        }
+
+        /// [`Form::Narrow`] and [`Form::Grouped`] on AVX-512 VNNI, sixteen
+        /// columns at a time.
+        ///
+        /// Layout ([`super::super::Layout::of`]): per group of 16 output
+        /// columns and block of 32, eight 64-byte steps; step `q` holds for
+        /// each column in turn its weights `4q..4q+4` of the block plus the
+        /// form's offset, as unsigned bytes. Activations: signed bytes,
+        /// row-major, with each block's sum. Lane `c` of `vpdpbusd` adds the
+        /// column's four products with the broadcast activations `4q..4q+4`;
+        /// the lane starts at `-offset x` the activations' block sum, so a
+        /// block ends at the exact integer sum of the portable kernel.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+        pub(super) unsafe fn dot_avx512(
+            w: &Int8Matrix,
+            x: &Narrow,
+            cols: Range<usize>,
+            out: OutPtr,
+        ) {
+            check_narrow(x);
+            let offset = w.layout().offset;
+            for_each_group_of::<WIDE_GROUP, 2>(
+                w,
+                x.rows(),
+                x.k,
+                cols,
+                |weights, wscales, r, n, col, groups| {
+                    let rows = narrow_rows_from(x, r);
+                    let at = (weights, wscales);
+                    if groups == 2 {
+                        let acc = match n {
+                            4 => dot512_rows::<4, 2>(at, rows, offset),
+                            3 => dot512_rows::<3, 2>(at, rows, offset),
+                            2 => dot512_rows::<2, 2>(at, rows, offset),
+                            _ => dot512_rows::<1, 2>(at, rows, offset),
+                        };
+                        store512(&acc, n, out, r, col);
+                    } else {
+                        let acc = match n {
+                            4 => dot512_rows::<4, 1>(at, rows, offset),
+                            3 => dot512_rows::<3, 1>(at, rows, offset),
+                            2 => dot512_rows::<2, 1>(at, rows, offset),
+                            _ => dot512_rows::<1, 1>(at, rows, offset),
+                        };
+                        store512(&acc, n, out, r, col);
+                    }
+                },
+            );
+        }
+
+        /// Stores `n` rows of `C` groups of sixteen sums from row `r` and
+        /// column `col`.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        unsafe fn store512<const C: usize>(
+            acc: &[[__m512; C]; ROWS],
+            n: usize,
+            out: OutPtr,
+            r: usize,
+            col: usize,
+        ) {
+            for (i, row) in acc.iter().enumerate().take(n) {
+                for (c, a) in row.iter().enumerate() {
+                    let at = out.ptr.add((r + i) * out.ld + col + c * WIDE_GROUP);
+                    _mm512_storeu_ps(at, *a);
+                }
+            }
+        }
+
+        /// The sums of `R` activation rows for `C` adjacent groups of
+        /// sixteen columns: each weight vector serves `R` rows, each
+        /// broadcast activation `C` groups, so there are fewer loads per
+        /// dot product than with one group.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn dot512_rows<const R: usize, const C: usize>(
+            (weights, wscales): (*const i8, *const f32),
+            rows: NarrowRows,
+            offset: i32,
+        ) -> [[__m512; C]; ROWS] {
+            let (wstride, sstride) = group_stride::<WIDE_GROUP>(rows.blocks);
+            let mut acc = [[_mm512_setzero_ps(); C]; ROWS];
+            for b in 0..rows.blocks {
+                let mut sums = [[_mm512_setzero_si512(); C]; ROWS];
+                for (i, s) in sums.iter_mut().enumerate().take(R) {
+                    let start = _mm512_set1_epi32(-offset * *rows.sums.add(i * rows.blocks + b));
+                    *s = [start; C];
+                }
+                for q in 0..BLOCK / 4 {
+                    // SAFETY: each group's block b holds 8 steps of 64 bytes.
+                    let wq = weights.add((b * BLOCK / 4 + q) * WIDE_GROUP * 4);
+                    let wv: [__m512i; C] = std::array::from_fn(|c| {
+                        _mm512_loadu_si512(wq.add(c * wstride) as *const __m512i)
+                    });
+                    for (i, s) in sums.iter_mut().enumerate().take(R) {
+                        // SAFETY: row i has k values; b * BLOCK + 4q + 4 <= k.
+                        let at = rows.values.add(i * rows.k + b * BLOCK + 4 * q);
+                        let xv = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                        for (sc, wc) in s.iter_mut().zip(&wv) {
+                            *sc = _mm512_dpbusd_epi32(*sc, *wc, xv);
+                        }
+                    }
+                }
+                let ws: [__m512; C] = std::array::from_fn(|c| {
+                    _mm512_loadu_ps(wscales.add(c * sstride + b * WIDE_GROUP))
+                });
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    let xs = _mm512_set1_ps(*rows.scales.add(i * rows.blocks + b));
+                    for c in 0..C {
+                        let scale = _mm512_mul_ps(ws[c], xs);
+                        a[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i][c]), scale, a[c]);
+                    }
+                }
+            }
+            acc
+        }
+
+        /// [`dot_avx512`] on 256-bit registers, eight columns at a time,
+        /// in either encoding of `vpdpbusd` (`$dpbusd`). Layout as
+        /// [`dot_avx512`]'s with groups of eight columns (32-byte steps).
+        macro_rules! dot_256 {
+            ($name:ident, $rows:ident, $features:literal, $dpbusd:ident) => {
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $name(
+                    w: &Int8Matrix,
+                    x: &Narrow,
+                    cols: Range<usize>,
+                    out: OutPtr,
+                ) {
+                    check_narrow(x);
+                    let offset = w.layout().offset;
+                    for_each_group_of::<GROUP, 1>(
+                        w,
+                        x.rows(),
+                        x.k,
+                        cols,
+                        |weights, wscales, r, n, col, _| {
+                            let rows = narrow_rows_from(x, r);
+                            let acc = match n {
+                                4 => $rows::<4>(weights, wscales, rows, offset),
+                                3 => $rows::<3>(weights, wscales, rows, offset),
+                                2 => $rows::<2>(weights, wscales, rows, offset),
+                                _ => $rows::<1>(weights, wscales, rows, offset),
+                            };
+                            for (i, a) in acc.iter().enumerate().take(n) {
+                                _mm256_storeu_ps(out.ptr.add((r + i) * out.ld + col), *a);
+                            }
+                        },
+                    );
+                }
+
+                /// The eight columns' sums of `R` activation rows.
+                #[target_feature(enable = $features)]
+                #[inline]
+                unsafe fn $rows<const R: usize>(
+                    weights: *const i8,
+                    wscales: *const f32,
+                    rows: NarrowRows,
+                    offset: i32,
+                ) -> [__m256; ROWS] {
+                    let mut acc = [_mm256_setzero_ps(); ROWS];
+                    for b in 0..rows.blocks {
+                        let mut sums = [_mm256_setzero_si256(); ROWS];
+                        for (i, s) in sums.iter_mut().enumerate().take(R) {
+                            *s = _mm256_set1_epi32(-offset * *rows.sums.add(i * rows.blocks + b));
+                        }
+                        for q in 0..BLOCK / 4 {
+                            // SAFETY: the group's block b holds 8 steps of 32 bytes.
+                            let wq = weights.add((b * BLOCK / 4 + q) * GROUP * 4);
+                            let wv = _mm256_loadu_si256(wq as *const __m256i);
+                            for (i, s) in sums.iter_mut().enumerate().take(R) {
+                                // SAFETY: row i has k values; b * BLOCK + 4q + 4 <= k.
+                                let at = rows.values.add(i * rows.k + b * BLOCK + 4 * q);
+                                let xv = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                                *s = $dpbusd(*s, wv, xv);
+                            }
+                        }
+                        let ws = _mm256_loadu_ps(wscales.add(b * GROUP));
+                        for (i, a) in acc.iter_mut().enumerate().take(R) {
+                            let xs = *rows.scales.add(i * rows.blocks + b);
+                            let scale = _mm256_mul_ps(ws, _mm256_set1_ps(xs));
+                            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), scale, *a);
+                        }
+                    }
+                    acc
+                }
+            };
+        }
+
+        dot_256!(
+            dot_avx512_256,
+            dot512_256_rows,
+            "avx2,fma,avx512f,avx512vl,avx512vnni",
+            _mm256_dpbusd_epi32
+        );
+        dot_256!(
+            dot_avxvnni,
+            dot_avxvnni_rows,
+            "avx2,fma,avxvnni",
+            _mm256_dpbusd_avx_epi32
+        );
+
         #[target_feature(enable = "avx2,fma")]
         unsafe fn horizontal_sum(v: __m256) -> f32 {
             let pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -1216,6 +1763,90 @@ mod tests {
     }
 
     #[test]
+    fn every_build_of_the_f32_loops_gives_the_same_bits() {
+        use simd::{Build, FORCED};
+        let _serial = CALLS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // Held open so that nothing leaves this thread (the build is forced
+        // for this thread only).
+        let _calls = (Call::enter(), Call::enter());
+        let mut builds = vec![Build::Baseline];
+        if cfg!(target_arch = "x86_64") {
+            if Kernel::Avx2.is_supported() {
+                builds.push(Build::Avx2);
+            } else {
+                eprintln!("int8-matmul tests: skipped the AVX2 build: this CPU lacks it");
+            }
+            if Kernel::Avx512Vnni.is_supported() {
+                builds.push(Build::Avx512);
+            } else {
+                eprintln!("int8-matmul tests: skipped the AVX-512 build: this CPU lacks it");
+            }
+        }
+        let (m, k, heads, dh) = (9, 384, 12, 32);
+        let x: Vec<f32> = matrix(m, k, 71).iter().map(|v| v * 9.0).collect();
+        let qkv = matrix(m, 3 * k, 72);
+        let run = |build: Build| -> Vec<u32> {
+            FORCED.set(Some(build));
+            let blocks = m * k / BLOCK;
+            let (mut wide, mut signed, mut offset) =
+                (vec![0i16; m * k], vec![0i8; m * k], vec![0u8; m * k]);
+            let (mut s1, mut s2, mut s3, mut sums) = (
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0i32; blocks],
+            );
+            quantize_wide(&x, &mut wide, &mut s1);
+            quantize_signed(&x, &mut signed, &mut sums, &mut s2);
+            quantize_offset(&x, &mut offset, &mut s3);
+            let mut g = x.clone();
+            ops::gelu_in_place(&mut g);
+            let mut n = x.clone();
+            let (gamma, beta) = (matrix(1, k, 73), matrix(1, k, 74));
+            ops::add_layer_norm(&mut n, Some(&g), &gamma, &beta, 1e-12);
+            let mut pooled = vec![0f32; k];
+            ops::mean_pool_unit(&n, &mut pooled);
+            let mut context = vec![0f32; m * k];
+            let whole = 0..m;
+            attention::attention(&qkv, std::slice::from_ref(&whole), heads, dh, &mut context);
+            FORCED.set(None);
+            let ints = wide
+                .iter()
+                .map(|&v| v as u32)
+                .chain(signed.iter().map(|&v| v as u32))
+                .chain(offset.iter().map(|&v| v as u32))
+                .chain(sums.iter().map(|&v| v as u32));
+            let floats = [s1, s2, s3, g, n, pooled, context].concat();
+            ints.chain(floats.iter().map(|v| v.to_bits())).collect()
+        };
+        let baseline = run(Build::Baseline);
+        for build in &builds[1..] {
+            assert!(
+                run(*build) == baseline,
+                "the {build:?} build differs from the baseline"
+            );
+        }
+    }
+
+    #[test]
+    fn quantising_rounds_as_f32_round_does() {
+        let mut values: Vec<f32> = (-140 * 4096..=140 * 4096)
+            .map(|i| i as f32 / 4096.0)
+            .collect();
+        // Either side of every half, where a shortcut would round wrongly.
+        for i in -140..140 {
+            let half = i as f32 + 0.5;
+            values.extend([half.next_down(), half, half.next_up()]);
+        }
+        values.extend([0.49999997, -0.49999997, -0.0, 4194303.5, -4194303.5]);
+        for v in values {
+            let want = v.round();
+            assert_eq!(round_half_away(v).to_bits(), want.to_bits(), "{v}");
+            assert_eq!(integral_to_i32(want), want as i32, "{v}");
+        }
+    }
+
+    #[test]
     fn products_are_close_to_f32_for_every_row_count() {
         let (n, k) = (96, 384);
         let w = matrix(n, k, 1);
@@ -1228,15 +1859,166 @@ mod tests {
         }
     }
 
-    /// The kernels this CPU can run, the portable one first.
+    /// The kernels this CPU can run, the portable one first; says which
+    /// it skips, so that a run on a narrower CPU shows what it did not test.
     fn kernels() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Portable];
-        match Kernel::best_of_cpu() {
-            Kernel::Portable => {}
-            Kernel::Avx2 => all.push(Kernel::Avx2),
-            Kernel::Vnni => all.extend([Kernel::Avx2, Kernel::Vnni]),
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            for k in Kernel::ALL.iter().filter(|k| !k.is_supported()) {
+                eprintln!(
+                    "int8-matmul tests: skipped the {} kernel: this CPU lacks {}",
+                    k.name(),
+                    k.needs()
+                );
+            }
+            eprintln!("int8-matmul tests: skipped the amx kernel: not built");
+        });
+        Kernel::available()
+    }
+
+    /// Every kernel's product of `values`/`scales` (through `build`) with
+    /// `x`, asserting each gives the portable kernel's bits; returns the
+    /// portable kernel's.
+    fn same_bits_on_every_kernel(
+        (m, n, k): (usize, usize, usize),
+        x: &[f32],
+        build: impl Fn(Kernel) -> Int8Matrix,
+        what: &str,
+    ) -> Vec<f32> {
+        let mut portable: Option<Vec<f32>> = None;
+        for kernel in kernels() {
+            let q = build(kernel);
+            assert_eq!(q.kernel(), kernel);
+            let mut out = vec![0f32; m * n];
+            q.matmul(x, m, &mut out);
+            match &portable {
+                None => portable = Some(out),
+                Some(p) => {
+                    let differ = out
+                        .iter()
+                        .zip(p)
+                        .position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(
+                        differ.is_none(),
+                        "{kernel:?} differs from the portable kernel for {what} \
+                         m={m} n={n} k={k} at {differ:?} (form {:?}, group {})",
+                        q.form,
+                        q.group,
+                    );
+                }
+            }
         }
-        all
+        portable.expect("the portable kernel runs anywhere")
+    }
+
+    #[test]
+    fn every_kernel_matches_portable_on_ragged_and_real_shapes() {
+        // Short texts give 1..9 tokens; odd numbers of blocks; columns that
+        // are a multiple of 16, of 8 only (the AVX-512 kernel's 8-column
+        // fallback), and of neither (the row form); and the encoders' own
+        // shapes (hidden 384, fused qkv 1152, intermediate 1536).
+        let mut shapes = Vec::new();
+        for m in 1..=9 {
+            for (n, k) in [(16, 32), (24, 96), (40, 160), (36, 96), (8, 416)] {
+                shapes.push((m, n, k));
+            }
+        }
+        for m in [1, 7, 20, 37] {
+            for (n, k) in [(384, 384), (1152, 384), (1536, 384), (384, 1536)] {
+                shapes.push((m, n, k));
+            }
+        }
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            let seed = 100 + i as u64;
+            let x: Vec<f32> = matrix(m, k, seed).iter().map(|v| v * 6.0).collect();
+            // MiniLM's: f32 weights quantised to 8 bits.
+            let w = matrix(n, k, seed + 1);
+            let out = same_bits_on_every_kernel(
+                (m, n, k),
+                &x,
+                |kernel| Int8Matrix::quantize_with(&w, n, k, kernel).unwrap(),
+                "8-bit weights",
+            );
+            assert_within_rounding(&w, &x, m, n, k, &out);
+            // e5's: 4-bit weights widened.
+            let (values, scales, w) = narrow_matrix(n, k, seed + 2);
+            let out = same_bits_on_every_kernel(
+                (m, n, k),
+                &x,
+                |kernel| {
+                    Int8Matrix::from_blocks_with(values.clone(), scales.clone(), n, k, kernel)
+                        .unwrap()
+                },
+                "4-bit weights",
+            );
+            assert_within_rounding(&w, &x, m, n, k, &out);
+        }
+    }
+
+    #[test]
+    fn every_kernel_is_exact_at_the_byte_extremes() {
+        // -128 is outside what quantising gives but an i8 all the same:
+        // every kernel must take it (the VNNI ones offset it to 0).
+        let (n, k, m) = (32, 96, 5);
+        for weights in [[-128i8, 127], [-127, 127], [-8, 8], [-8, 7]] {
+            let values: Vec<i8> = (0..n * k).map(|i| weights[(i % 3 == 0) as usize]).collect();
+            let scales = vec![1.0f32; n * k / BLOCK];
+            let w: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+            for sign in [1.0f32, -1.0] {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| {
+                        if i % 5 == 0 {
+                            -127.0 * sign
+                        } else {
+                            127.0 * sign
+                        }
+                    })
+                    .collect();
+                let out = same_bits_on_every_kernel(
+                    (m, n, k),
+                    &x,
+                    |kernel| {
+                        Int8Matrix::from_blocks_for(values.clone(), scales.clone(), n, k, kernel)
+                    },
+                    "extreme weights",
+                );
+                assert_eq!(out, reference(&w, &x, m, n, k), "weights {weights:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_names_parse_and_refusals_say_why() {
+        for kernel in Kernel::ALL {
+            assert_eq!(kernel.name().parse(), Ok(KernelChoice::Force(kernel)));
+        }
+        assert_eq!("auto".parse(), Ok(KernelChoice::Auto));
+        assert_eq!("amx".parse(), Ok(KernelChoice::Amx));
+        let err = "avx512".parse::<KernelChoice>().unwrap_err();
+        assert!(err.contains("avx512vnni"), "{err}");
+        let amx = choose_kernel(KernelChoice::Amx).unwrap_err();
+        assert_eq!(amx, ChoiceError::NotBuilt("amx"));
+        assert!(amx.to_string().contains("auto"), "{amx}");
+        let unsupported = ChoiceError::Unsupported(Kernel::Avx512Vnni).to_string();
+        assert!(unsupported.contains("avx512vnni"), "{unsupported}");
+        // The process's choice is auto (nothing in the tests forces one):
+        // asking for it again is fine, asking for another kernel is not.
+        assert_eq!(choose_kernel(KernelChoice::Auto), Ok(Kernel::best_of_cpu()));
+        if Kernel::best_of_cpu() != Kernel::Portable {
+            assert_eq!(
+                choose_kernel(KernelChoice::Force(Kernel::Portable)),
+                Err(ChoiceError::AlreadyChosen {
+                    kept: Kernel::best_of_cpu()
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn auto_picks_the_widest_kernel_the_cpu_has() {
+        let best = Kernel::best_of_cpu();
+        assert!(best.is_supported());
+        assert!(Kernel::ALL.iter().all(|k| *k <= best || !k.is_supported()));
     }
 
     #[test]
@@ -1423,18 +2205,6 @@ mod tests {
             alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             crowded.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
-    }
-
-    #[test]
-    fn a_limit_never_picks_a_wider_kernel() {
-        use KernelLimit::*;
-        for best in [Kernel::Portable, Kernel::Avx2, Kernel::Vnni] {
-            assert_eq!(best.within(Auto), best);
-            assert_eq!(best.within(Portable), Kernel::Portable);
-        }
-        assert_eq!(Kernel::Vnni.within(Avx2), Kernel::Avx2);
-        assert_eq!(Kernel::Avx2.within(Avx2), Kernel::Avx2);
-        assert_eq!(Kernel::Portable.within(Avx2), Kernel::Portable);
     }
 
     #[test]

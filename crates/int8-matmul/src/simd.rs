@@ -1,27 +1,46 @@
-//! One body, two builds: a loop written once is compiled both for the
-//! baseline x86-64 (SSE2) and with AVX2 enabled, and the AVX2 build is
-//! chosen at run time when the CPU has it. The bodies use no fused
-//! multiply-adds and sum reductions in eight explicit lanes, so both builds
-//! round identically: embeddings do not depend on the CPU's features.
+//! One body, three builds: a loop written once is compiled for the
+//! baseline x86-64 (SSE2), with AVX2 enabled and with AVX-512 enabled, and
+//! the widest build the process's kernel allows is chosen at run time. The
+//! bodies use no fused multiply-adds (Rust never contracts `a * b + c`) and
+//! sum reductions in eight explicit lanes, so every build rounds
+//! identically: embeddings do not depend on the CPU's features.
 
 use std::sync::OnceLock;
 
-pub(crate) fn has_avx2() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("avx2")
-                && crate::limit() != crate::KernelLimit::Portable
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+/// The builds of a [`dispatch`]ed body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Build {
+    Baseline,
+    Avx2,
+    /// 512-bit registers: twice the values per instruction of AVX2 in the
+    /// element-wise loops (GELU, quantising, layer norm, attention).
+    Avx512,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A build forced by a test on its own thread.
+    pub(crate) static FORCED: std::cell::Cell<Option<Build>> = const { std::cell::Cell::new(None) };
+}
+
+/// The widest build the process's kernel allows: AVX-512 only with the
+/// AVX-512 VNNI kernel (so forcing `avx2` measures what AVX2 machines run),
+/// none with the portable kernel.
+pub(crate) fn build() -> Build {
+    #[cfg(test)]
+    if let Some(forced) = FORCED.get() {
+        return forced;
+    }
+    static BUILD: OnceLock<Build> = OnceLock::new();
+    *BUILD.get_or_init(|| match crate::Kernel::detect() {
+        crate::Kernel::Portable => Build::Baseline,
+        crate::Kernel::Avx512Vnni => Build::Avx512,
+        // Every other kernel needs AVX2 (`Kernel::is_supported`).
+        crate::Kernel::Avx2 | crate::Kernel::AvxVnni => Build::Avx2,
     })
 }
 
-/// Defines `fn name(args) body` as a dispatcher between the two builds.
+/// Defines `fn name(args) body` as a dispatcher between the builds.
 macro_rules! dispatch {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
         $(#[$m])*
@@ -34,9 +53,17 @@ macro_rules! dispatch {
                 unsafe fn avx2($($arg: $ty),*) {
                     body($($arg),*)
                 }
-                if $crate::simd::has_avx2() {
-                    // SAFETY: the CPU has AVX2.
-                    return unsafe { avx2($($arg),*) };
+                #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                match $crate::simd::build() {
+                    // SAFETY: `build` picks a build only for a kernel whose
+                    // features the CPU has (`Kernel::is_supported`).
+                    $crate::simd::Build::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::simd::Build::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::simd::Build::Baseline => {}
                 }
             }
             body($($arg),*)
