@@ -253,14 +253,6 @@ fn the_readme_quick_start_works_as_written() {
 
 // ---------------------------------------------------------------------- links
 
-/// Files other branches are writing right now: links to them are expected
-/// to resolve once those are merged (remove a name when its file lands).
-const EXPECTED_FROM_OTHER_BRANCHES: &[&str] = &[
-    "docs/security-connections.md",
-    "docs/security-work.md",
-    "docs/performance-kernels.md",
-];
-
 /// GitHub's anchor for a heading: lower case, punctuation dropped (letters,
 /// digits, `-` and `_` kept), spaces as `-`, and `-1`, `-2`... on repeats.
 fn anchors(markdown: &str) -> BTreeSet<String> {
@@ -372,13 +364,11 @@ fn every_relative_link_of_the_readme_and_docs_resolves() {
             };
             reached.insert(file.clone());
             if !root.join(&file).exists() {
-                if !EXPECTED_FROM_OTHER_BRANCHES.contains(&file.to_str().unwrap_or("")) {
-                    broken.push(format!(
-                        "{}: {target} (no {})",
-                        document.display(),
-                        file.display()
-                    ));
-                }
+                broken.push(format!(
+                    "{}: {target} (no {})",
+                    document.display(),
+                    file.display()
+                ));
                 continue;
             }
             let Some(anchor) = anchor else { continue };
