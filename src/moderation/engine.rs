@@ -483,33 +483,11 @@ impl Engine {
         explain: Explain,
         requester: &Requester,
     ) -> Result<Moderation, EngineError> {
-        let deadline = Deadline::after(self.budget.deadline);
-        self.moderate_within(
-            items,
-            analyze_images,
-            rules,
-            speed,
-            explain,
-            requester,
-            &deadline,
-        )
-        .await
-    }
-
-    /// Moderates; once `deadline` is over the remaining work is cancelled
-    /// and `DeadlineExceeded` returned. A policy changes only the
-    /// decisions, never the scores: the same rules apply to text items,
-    /// images and the combined text.
-    pub async fn moderate_within(
-        &self,
-        items: Vec<Item>,
-        analyze_images: bool,
-        rules: &CategoryRules,
-        speed: Speed,
-        explain: Explain,
-        requester: &Requester,
-        deadline: &Deadline,
-    ) -> Result<Moderation, EngineError> {
+        // Once the deadline is over the remaining work is cancelled and
+        // `DeadlineExceeded` returned. A policy changes only the decisions,
+        // never the scores: the same rules apply to text items, images and
+        // the combined text.
+        let deadline = &Deadline::after(self.budget.deadline);
         let (text_model, text_thresholds) = self.text_path(speed);
         let text_model = text_model.clone();
         let text_thresholds = text_thresholds.under(rules);
