@@ -14,12 +14,15 @@
 //! candidate of `train/finetune_encoder.py`) get it from the file
 //! `$MODERATO_ENCODER_ADAPTER`.
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use moderato::moderation::text::model::{EmbeddingClassifier, SHIPPED_HEADS_JSON};
 use moderato::moderation::text::ngrams::SHIPPED_NGRAM_MODEL;
+
+mod texts;
+use texts::read_texts;
 
 const CHUNK: usize = 256;
 
@@ -43,19 +46,7 @@ fn main() -> anyhow::Result<()> {
         ngrams.as_deref().unwrap_or(SHIPPED_NGRAM_MODEL),
     )?;
 
-    let reader = BufReader::new(
-        std::fs::File::open(&input).with_context(|| format!("opening {}", input.display()))?,
-    );
-    let mut texts = Vec::new();
-    for (n, line) in reader.lines().enumerate() {
-        let line = line?;
-        let value: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| format!("line {}", n + 1))?;
-        match value.get("text").and_then(|t| t.as_str()) {
-            Some(t) => texts.push(t.to_string()),
-            None => bail!("line {} has no \"text\" string", n + 1),
-        }
-    }
+    let texts = read_texts(&input.to_string_lossy())?;
 
     let mut vecs = BufWriter::new(std::fs::File::create(format!("{prefix}.f32"))?);
     let mut idx = BufWriter::new(std::fs::File::create(format!("{prefix}.idx"))?);

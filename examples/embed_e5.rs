@@ -12,11 +12,14 @@
 //! layers (see `E5::load_layers`); `E5_WINDOW=n` reads scoring windows of
 //! `n` framed tokens (see `E5::with_window`).
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 
 use anyhow::{bail, Context};
 use moderato::moderation::text::model::e5::{E5, E5_DIR};
 use moderato::moderation::Deadline;
+
+mod texts;
+use texts::read_texts;
 
 /// Texts per call: enough to fill the encoder's passes.
 const CHUNK: usize = 64;
@@ -36,17 +39,7 @@ fn main() -> anyhow::Result<()> {
         Ok(n) => model.with_window(n.parse().context("E5_WINDOW is a positive number")?)?,
         Err(_) => model,
     };
-    let reader =
-        BufReader::new(std::fs::File::open(input).with_context(|| format!("opening {input}"))?);
-    let mut texts = Vec::new();
-    for (n, line) in reader.lines().enumerate() {
-        let value: serde_json::Value =
-            serde_json::from_str(&line?).with_context(|| format!("line {}", n + 1))?;
-        match value.get("text").and_then(|t| t.as_str()) {
-            Some(t) => texts.push(t.to_string()),
-            None => bail!("line {} has no \"text\" string", n + 1),
-        }
-    }
+    let texts = read_texts(input)?;
     let mut out = BufWriter::new(std::fs::File::create(format!("{output}.f32"))?);
     let mut idx = BufWriter::new(std::fs::File::create(format!("{output}.idx"))?);
     for (c, chunk) in texts.chunks(CHUNK).enumerate() {

@@ -9,12 +9,15 @@
 //! in order. Models are read from `$MODERATO_MODELS_DIR` or
 //! `<repository>/models`.
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 
 use anyhow::{bail, Context};
 use moderato::moderation::text::language;
 use moderato::moderation::text::model::EmbeddingClassifier;
 use moderato::moderation::{Deadline, TextClassifier};
+
+mod texts;
+use texts::read_texts;
 
 /// Texts scored per call: the encoders batch within a call.
 const CHUNK: usize = 64;
@@ -51,19 +54,4 @@ fn main() -> anyhow::Result<()> {
     eprintln!();
     out.flush()?;
     Ok(())
-}
-
-fn read_texts(path: &str) -> anyhow::Result<Vec<String>> {
-    let reader =
-        BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {path}"))?);
-    let mut texts = Vec::new();
-    for (n, line) in reader.lines().enumerate() {
-        let value: serde_json::Value =
-            serde_json::from_str(&line?).with_context(|| format!("line {}", n + 1))?;
-        match value.get("text").and_then(|t| t.as_str()) {
-            Some(t) => texts.push(t.to_string()),
-            None => bail!("line {} has no \"text\" string", n + 1),
-        }
-    }
-    Ok(texts)
 }

@@ -414,6 +414,14 @@ pub struct CliOutput {
     pub stderr: String,
 }
 
+/// `moderato args…`, asserting success; its standard output as JSON.
+pub fn cli_json(app: &TestApp, args: &[&str]) -> Value {
+    let out = moderato(app, args, "");
+    assert!(out.success, "moderato {args:?} failed: {}", out.stderr);
+    serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|_| panic!("moderato {args:?} printed {:?}", out.stdout))
+}
+
 /// Runs `moderato args…` against the app's database and pepper, with
 /// `stdin` on its standard input.
 pub fn moderato(app: &TestApp, args: &[&str], stdin: &str) -> CliOutput {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::dash_client::{create_account, moderato, Session, PASSWORD};
+use crate::dash_client::{cli_json, create_account, moderato, Session, PASSWORD};
 use crate::helpers::*;
 use crate::on_both_backends;
 
@@ -32,14 +32,6 @@ const TOP_LEVEL: [&str; 5] = ["harassment", "hate", "self-harm", "sexual", "viol
 
 const VIOLENT: &str = "I will find you and kill you, you worthless piece of garbage";
 const BENIGN: &str = "The weather is lovely today, let's have a picnic in the park";
-
-/// `moderato args…`, asserting success; its standard output as JSON.
-fn cli_json(app: &TestApp, args: &[&str]) -> Value {
-    let out = moderato(app, args, "");
-    assert!(out.success, "moderato {args:?} failed: {}", out.stderr);
-    serde_json::from_str(out.stdout.trim())
-        .unwrap_or_else(|_| panic!("moderato {args:?} printed {:?}", out.stdout))
-}
 
 /// `moderato args…`, asserting failure; its standard error.
 fn cli_error(app: &TestApp, args: &[&str]) -> String {

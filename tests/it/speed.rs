@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::dash_client::{create_account, moderato, Session, PASSWORD};
+use crate::dash_client::{cli_json, create_account, moderato, Session, PASSWORD};
 use crate::helpers::*;
 use crate::on_both_backends;
 use moderato::access::Tier;
@@ -13,13 +13,6 @@ use moderato::moderation::Speed;
 
 /// A text the first stage finds suspect, so the accurate path reads it again.
 const INSULT: &str = "you are a worthless idiot and everyone hates you";
-
-fn cli_json(app: &TestApp, args: &[&str]) -> Value {
-    let out = moderato(app, args, "");
-    assert!(out.success, "moderato {args:?} failed: {}", out.stderr);
-    serde_json::from_str(out.stdout.trim())
-        .unwrap_or_else(|_| panic!("moderato {args:?} printed {:?}", out.stdout))
-}
 
 async fn judged(app: &TestApp, key: &str) -> Value {
     let (status, _, body) = parts(app.moderate_text(key, INSULT).await).await;

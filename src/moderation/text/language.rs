@@ -14,6 +14,8 @@
 //! hundred megabytes to the image for a gain on very short texts that the
 //! "unknown" answer already covers here.
 
+use super::normalize::truncate_at_char_boundary;
+
 /// A detected language, by its ISO 639-1 code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Language(&'static str);
@@ -131,7 +133,7 @@ pub fn detect(text: &str) -> Detected {
     }
     // Spelt-out or disguised English (`k i l l   y o u r s e l f`) reads as
     // English once the normaliser has undone the disguise.
-    let sample = prefix(text, MAX_BYTES);
+    let sample = truncate_at_char_boundary(text, MAX_BYTES);
     let undone = super::normalize::normalize(sample);
     if undone != sample.to_lowercase() && detect_raw(&undone).route == Route::English {
         return Detected {
@@ -143,7 +145,7 @@ pub fn detect(text: &str) -> Detected {
 }
 
 fn detect_raw(text: &str) -> Detected {
-    let sample = prefix(text, MAX_BYTES);
+    let sample = truncate_at_char_boundary(text, MAX_BYTES);
     let latin = whatlang::detect_script(sample).is_none_or(|s| s == whatlang::Script::Latin);
     if sample.chars().filter(|c| c.is_alphabetic()).count() < MIN_LETTERS {
         // Too short to name; a few letters of another script are still
@@ -217,17 +219,6 @@ fn reads_as_english(text: &str, confident: bool) -> bool {
         );
     }
     english >= if confident { 2 } else { 1 } && english * 5 >= words
-}
-
-fn prefix(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// whatlang's ISO 639-3 codes as ISO 639-1 (`None` for a language with no
@@ -406,8 +397,8 @@ mod tests {
     fn a_long_text_is_read_from_its_start_only() {
         let long = format!("{}{}", "Das ist ein ganz normaler Satz. ".repeat(200), "é");
         assert_eq!(code(&long), Some("de"));
-        assert!(prefix(&long, MAX_BYTES).len() <= MAX_BYTES);
+        assert!(truncate_at_char_boundary(&long, MAX_BYTES).len() <= MAX_BYTES);
         let multibyte = "ж".repeat(3000);
-        assert!(multibyte.is_char_boundary(prefix(&multibyte, 2047).len()));
+        assert!(multibyte.is_char_boundary(truncate_at_char_boundary(&multibyte, 2047).len()));
     }
 }

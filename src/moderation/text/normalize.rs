@@ -246,7 +246,7 @@ pub fn for_each_dedouble_variant(
     }
 }
 
-fn truncate_at_char_boundary(text: &str, max: usize) -> &str {
+pub(crate) fn truncate_at_char_boundary(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
