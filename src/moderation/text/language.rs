@@ -159,6 +159,15 @@ fn detect_raw(text: &str) -> Detected {
             }
         };
     }
+    // Latin text with English function words reads as English whatever the
+    // trigrams would say (below), so they are not asked: their scoring was
+    // 28 % of a short English request's CPU time with the null classifier.
+    if latin && reads_as_english(sample, true) {
+        return Detected {
+            language: Some(Language::ENGLISH),
+            route: Route::English,
+        };
+    }
     let Some(info) = detector().detect(sample) else {
         return UNSURE;
     };
