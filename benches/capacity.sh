@@ -76,7 +76,7 @@ cleanup() {
 trap cleanup EXIT
 install -d -o postgres "$work/pg" "$work/sock"
 su postgres -s /bin/sh -c "$pgbin/initdb -D $work/pg -U postgres -A trust >/dev/null"
-su postgres -s /bin/sh -c "$pgbin/pg_ctl -D $work/pg -l $work/pg.log -w start -o \"-p $CAPACITY_PG_PORT -k $work/sock -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all\"" >/dev/null
+su postgres -s /bin/sh -c "$pgbin/pg_ctl -D $work/pg -l $work/sock/pg.log -w start -o \"-p $CAPACITY_PG_PORT -k $work/sock -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all\"" >/dev/null
 psql -h 127.0.0.1 -p "$CAPACITY_PG_PORT" -U postgres -qc "CREATE DATABASE moderato"
 psql -h 127.0.0.1 -p "$CAPACITY_PG_PORT" -U postgres -d moderato -qc "CREATE EXTENSION pg_stat_statements"
 redis-server --port "$CAPACITY_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes >/dev/null
