@@ -38,6 +38,7 @@ import http.client
 import json
 import os
 import pathlib
+import random
 import re
 import secrets
 import shutil
@@ -340,15 +341,19 @@ def check_single(image, pepper, signing_key):
 
 def check_sigterm_drains(replica, key, database):
     """SIGTERM while requests are in flight: all answered, all metered."""
-    # Long texts keep both cores busy for a few seconds, so that most of the
+    # Long texts, a different one each (the embedding cache would make
+    # repeats cheap), keep both cores busy for a few seconds, so that most
     # requests are still being scored when SIGTERM arrives.
-    long_text = " ".join(["The committee will review the proposal and publish its findings next week."] * 250)
-    count = 24
+    words = ("committee review proposal publish findings council budget river bridge "
+             "harbour library garden museum school market station weather season").split()
+    count = 16
+    rngs = [random.Random(i) for i in range(count)]
+    texts = [" ".join(rng.choice(words) for _ in range(1500)) for rng in rngs]
     barrier = threading.Barrier(count + 1)
 
-    def one(_):
+    def one(index):
         barrier.wait()
-        return moderate(replica.port, key, [{"type": "text", "text": long_text}])
+        return moderate(replica.port, key, [{"type": "text", "text": texts[index]}])
 
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         futures = [pool.submit(one, i) for i in range(count)]
