@@ -346,9 +346,9 @@ def check_sigterm_drains(replica, key, database):
     # requests are still being scored when SIGTERM arrives.
     words = ("committee review proposal publish findings council budget river bridge "
              "harbour library garden museum school market station weather season").split()
-    count = 16
+    count = 12
     rngs = [random.Random(i) for i in range(count)]
-    texts = [" ".join(rng.choice(words) for _ in range(1500)) for rng in rngs]
+    texts = [" ".join(rng.choice(words) for _ in range(300)) for rng in rngs]
     barrier = threading.Barrier(count + 1)
 
     def one(index):
