@@ -94,7 +94,8 @@ def podman(*args, **kwargs):
 
 
 def psql(database, sql):
-    out = run(["psql", "-h", PG_HOST, "-U", "postgres", "-d", database, "-tAc", sql]).stdout
+    # On standard input: a list of request ids is longer than a command line.
+    out = run(["psql", "-h", PG_HOST, "-U", "postgres", "-d", database, "-tAq", "-v", "ON_ERROR_STOP=1", "-f", "-"], stdin=sql).stdout
     return out.strip()
 
 
@@ -392,10 +393,16 @@ class Balancer:
         pathlib.Path(self.config_path).write_text(config)
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         run([haproxy, "-c", "-q", "-f", self.config_path])
+        log_path = os.path.join(workdir, "haproxy.log")
         self.process = subprocess.Popen(
             [haproxy, "-db", "-f", self.config_path],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "haproxy.log"), "w"),
+            stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
         )
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket_path):
+            check(self.process.poll() is None and time.monotonic() < deadline,
+                  f"HAProxy did not start: {pathlib.Path(log_path).read_text()[-2000:]}")
+            time.sleep(0.1)
 
     def command(self, line):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
