@@ -39,8 +39,9 @@ if ! podman image exists "$BASE_IMAGE"; then
   mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
   mirror=${mirror:-http://deb.debian.org/debian}
   rootfs=$(mktemp -d)
+  chmod 755 "$rootfs" # it becomes the image's /: mktemp's 0700 would lock the non-root user out
   debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/dev/null
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*_* \
     "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/* \
     "$rootfs"/usr/share/info/*
   tar -C "$rootfs" -c . | podman import --quiet - "$BASE_IMAGE" >/dev/null
