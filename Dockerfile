@@ -47,7 +47,7 @@ FROM ${ARTIFACTS} AS artifacts
 FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates tini \
- && rm -rf /var/lib/apt/lists/* \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && useradd --system --uid 10001 --home-dir /var/lib/moderato --create-home moderato \
  && install -d -o moderato -g moderato /var/lib/moderato/data
 COPY --from=artifacts /out/moderato /usr/local/bin/moderato
