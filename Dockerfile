@@ -1,8 +1,22 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: compile and fetch the pinned model files in a full
 # toolchain image, run as a non-root user in a slim one.
+#
+#   docker build -t moderato .                      # compiles (the default)
+#   docker build --build-arg ARTIFACTS=prebuilt -t moderato .
+#
+# ARTIFACTS=prebuilt takes `target/release/moderato` and `models/` from the
+# build context instead (after `cargo build --release --locked --bin
+# moderato` and `scripts/setup.sh` on a glibc-2.36-or-older host, e.g.
+# Debian bookworm): CI builds the image that way, as no Rust toolchain image
+# is reachable there. Both paths end in the same runtime stage.
+# The base images are arguments so that a mirror or a locally made image
+# (CI: `debootstrap` + `podman import`) can stand in for Docker Hub's.
+ARG BUILD_IMAGE=rust:1.95-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+ARG ARTIFACTS=compile
 
-FROM rust:1.95-bookworm AS build
+FROM ${BUILD_IMAGE} AS compile
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-pip python3-venv nodejs npm \
  && rm -rf /var/lib/apt/lists/*
@@ -15,25 +29,46 @@ COPY migrations ./migrations
 COPY config ./config
 COPY assets ./assets
 COPY scripts ./scripts
-RUN cargo build --release --locked --bin moderato
+RUN cargo build --release --locked --bin moderato \
+ && mkdir -p /out && cp target/release/moderato /out/moderato
 # The OCR models as published (ppocr/source/) are only the input of their
 # rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones. The e5
 # encoder (72 MB) stays: MODERATO_TEXT_MODEL__SECOND_STAGE=true reads it.
-RUN MODERATO_MODELS_DIR=/models scripts/setup.sh && rm -rf /models/ppocr/source
+RUN MODERATO_MODELS_DIR=/out/models scripts/setup.sh && rm -rf /out/models/ppocr/source
 
-FROM debian:bookworm-slim
+# The binary and models built on the host (.dockerignore lets only these two
+# out of target/ and models/ into the context, ppocr/source/ left out).
+FROM ${RUNTIME_IMAGE} AS prebuilt
+COPY target/release/moderato /out/moderato
+COPY models /out/models
+
+FROM ${ARTIFACTS} AS artifacts
+
+FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates tini \
- && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/moderato --create-home moderato
-COPY --from=build /src/target/release/moderato /usr/local/bin/moderato
-COPY --from=build /models /opt/moderato/models
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
+ && useradd --system --uid 10001 --home-dir /var/lib/moderato --create-home moderato \
+ && install -d -o moderato -g moderato /var/lib/moderato/data
+COPY --from=artifacts /out/moderato /usr/local/bin/moderato
+COPY --from=artifacts /out/models /opt/moderato/models
 USER moderato
+# Everything the service writes (the usage journal, the SQLite database, the
+# pepper and signing key files when not given by environment) is under
+# data/, the volume: the root file system can be mounted read-only.
 WORKDIR /var/lib/moderato
 ENV MODERATO_ADDR=0.0.0.0:8080 \
     MODERATO_MODELS_DIR=/opt/moderato/models \
     MODERATO_LOG_FORMAT=json
 EXPOSE 8080
 VOLUME ["/var/lib/moderato/data"]
+# Ready = serving and the database answers (GET /ready on MODERATO_ADDR).
+# The start period covers loading both encoders and the migrations.
+HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 \
+  CMD ["moderato", "health"]
+# tini forwards SIGTERM to the service, which then stops accepting, finishes
+# the requests in flight (MODERATO_SHUTDOWN_GRACE_MS, 30 s) and writes every
+# queued usage event before exiting: give `docker stop -t` more than that.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/tini", "--", "moderato"]
 CMD ["serve"]

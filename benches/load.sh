@@ -17,6 +17,12 @@
 #
 #   benches/load.sh [duration_s=15] [connections=8] [workloads="short mixed1 mixed8"]
 # (the ocr and image workloads run when named: benches/load.sh 15 1 "ocr image")
+#
+# For benches/capacity.sh: BENCH_DATABASE_URL replaces the SQLite file (and
+# MODERATO_REDIS_URL, like any MODERATO_ variable, reaches the service);
+# BENCH_SERVICE_CPUS and BENCH_CLIENT_CPUS pin the service and wrk to CPUs
+# (taskset lists); BENCH_HOOK is run as `$BENCH_HOOK before LABEL` just
+# before each measured run and `$BENCH_HOOK after WRK_OUTPUT` just after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration="${1:-15}"
@@ -37,7 +43,7 @@ fi
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-export MODERATO_DATABASE_URL="sqlite://$work/bench.db"
+export MODERATO_DATABASE_URL="${BENCH_DATABASE_URL:-sqlite://$work/bench.db}"
 export MODERATO_AUTH__PEPPER_FILE="$work/pepper"
 export MODERATO_SIGNING__KEY_FILE="$work/signing-key.pem"
 export MODERATO_USAGE__JOURNAL_DIR="$work/usage-journal"
@@ -76,20 +82,27 @@ print("request = function() i = i % #bodies + 1; return wrk.format(nil, nil, nil
 PY
 }
 
+service_pin=(); client_pin=()
+[[ -n "${BENCH_SERVICE_CPUS:-}" ]] && service_pin=(taskset -c "$BENCH_SERVICE_CPUS")
+[[ -n "${BENCH_CLIENT_CPUS:-}" ]] && client_pin=(taskset -c "$BENCH_CLIENT_CPUS")
+hook() { if [[ -n "${BENCH_HOOK:-}" ]]; then "$BENCH_HOOK" "$@"; fi; }
+
 run() {
   local classifier="$1" port="$2" per_request="$3" label="$4" ocr="${5:-false}"
   bodies "$per_request" > "$work/post.lua"
   local chars
   chars=$(head -1 "$work/post.lua" | cut -d' ' -f2)
   MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" \
-    MODERATO_OCR__ENABLED="$ocr" "$bin" serve &
+    MODERATO_OCR__ENABLED="$ocr" "${service_pin[@]}" "$bin" serve &
   local pid=$!
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.2; done
   # Warm up, then measure.
-  wrk -t"$threads" -c"$connections" -d3s --timeout 60s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
+  "${client_pin[@]}" wrk -t"$threads" -c"$connections" -d3s --timeout 60s -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" >/dev/null
   echo "== text classifier: $classifier ($connections connections, ${duration}s, $label)"
-  wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 60s --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
+  hook before "$classifier: $label"
+  "${client_pin[@]}" wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 60s --latency -s "$work/post.lua" "http://127.0.0.1:$port/v1/moderate" \
     > "$work/out.txt"
+  hook after "$work/out.txt"
   grep -E "Requests/sec|50%|75%|90%|99%|Non-2xx|Socket errors|requests in" "$work/out.txt"
   awk -v c="$chars" '/Requests\/sec/ { printf "  Characters/sec: %.0f (%.0f characters a request)\n", $2 * c, c }' "$work/out.txt"
   kill -TERM "$pid"; wait "$pid" || true

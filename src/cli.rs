@@ -36,6 +36,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the HTTP service.
     Serve,
+    /// Ask the service this configuration describes whether it is ready
+    /// (GET /ready on `addr`): exit 0 when it is, 1 with the reason when
+    /// not. The container image's HEALTHCHECK, which has no curl.
+    Health,
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -225,6 +229,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     crate::telemetry::init(config.log_format);
     match cli.command {
         Command::Serve => serve(config).await,
+        Command::Health => health(&config).await,
         Command::Keys(command) => keys(config, command).await,
         Command::Usage(args) => usage(config, args).await,
         Command::Accounts(command) => accounts(config, command).await,
@@ -290,6 +295,41 @@ async fn cancel_on_signal(token: CancellationToken) {
     let _ = ctrl_c.await;
     tracing::info!("shutdown requested: finishing requests in flight");
     token.cancel();
+}
+
+/// How long `health` waits for the whole answer: a container runtime runs
+/// it every few seconds, so a hung service must fail it, not stack probes.
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+async fn health(config: &Config) -> anyhow::Result<()> {
+    let url = format!("http://{}/ready", probe_address(config.addr));
+    // No proxy: the probe is for this host's service, whatever HTTP_PROXY says.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(HEALTH_TIMEOUT)
+        .build()?;
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("no answer from {url}"))?;
+    let status = response.status();
+    anyhow::ensure!(status.is_success(), "{url} answered {status}");
+    Ok(())
+}
+
+/// Where a local probe reaches a service listening on `addr`: a wildcard
+/// address (`0.0.0.0:8080` in the image) is reached on loopback.
+fn probe_address(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            (std::net::Ipv4Addr::LOCALHOST, addr.port()).into()
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            (std::net::Ipv6Addr::LOCALHOST, addr.port()).into()
+        }
+        _ => addr,
+    }
 }
 
 fn parse_key_id(text: &str) -> anyhow::Result<KeyId> {

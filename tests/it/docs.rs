@@ -434,6 +434,7 @@ fn every_repository_path_the_docs_name_exists() {
         "benches/",
         "config/",
         "crates/",
+        "deploy/",
         "docs/",
         "eval/",
         "examples/",

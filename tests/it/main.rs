@@ -16,6 +16,7 @@ mod dashboard;
 mod docs;
 mod edge;
 mod explain;
+mod health;
 mod images;
 mod journal;
 mod keys;
