@@ -213,8 +213,11 @@ pub trait Store: Send + Sync + 'static {
     /// of those days out of the default partition); nothing on SQLite.
     /// Returns how many partitions were made. Idempotent, and safe from
     /// several replicas at once.
-    async fn prepare_usage_days(&self, first: NaiveDate, last: NaiveDate)
-        -> Result<u32, StoreError>;
+    async fn prepare_usage_days(
+        &self,
+        first: NaiveDate,
+        last: NaiveDate,
+    ) -> Result<u32, StoreError>;
     /// Deletes the raw usage events of UTC days before `day`: PostgreSQL
     /// drops their whole day partitions (and deletes such rows from the
     /// default partition), SQLite deletes the rows. The hourly rollups stay:

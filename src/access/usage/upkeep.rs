@@ -70,7 +70,13 @@ pub fn spawn_upkeep(store: Arc<dyn Store>, upkeep: UsageUpkeep, shutdown: Cancel
                 _ = every.tick() => {}
             }
             match upkeep.run(store.as_ref(), Utc::now().date_naive()).await {
-                Ok((0, UsagePruned { partitions: 0, rows: 0 })) => {}
+                Ok((
+                    0,
+                    UsagePruned {
+                        partitions: 0,
+                        rows: 0,
+                    },
+                )) => {}
                 Ok((made, pruned)) => tracing::info!(
                     partitions_made = made,
                     partitions_dropped = pruned.partitions,
