@@ -100,20 +100,23 @@ async fn main() {
     let batch = env_number("BATCH", 500).max(1) as usize;
     let writers = env_number("WRITERS", 1).max(1);
     let Ok(store) = PostgresStore::connect(&url).await else {
-        eprintln!("usage_insert: no database at {url} (run benches/usage_scale.sh setup new): skipped");
+        eprintln!(
+            "usage_insert: no database at {url} (run benches/usage_scale.sh setup new): skipped"
+        );
         return;
     };
-    let keys: Vec<(String, Option<String>)> =
-        match sqlx::query_as("SELECT key_id, policy_id FROM bench_keys ORDER BY n")
-            .fetch_all(store.pool())
-            .await
-        {
-            Ok(keys) => keys,
-            Err(_) => {
-                eprintln!("usage_insert: {url} has no bench_keys (run benches/usage_scale.sh setup new): skipped");
-                return;
-            }
-        };
+    let keys: Vec<(String, Option<String>)> = match sqlx::query_as(
+        "SELECT key_id, policy_id FROM bench_keys ORDER BY n",
+    )
+    .fetch_all(store.pool())
+    .await
+    {
+        Ok(keys) => keys,
+        Err(_) => {
+            eprintln!("usage_insert: {url} has no bench_keys (run benches/usage_scale.sh setup new): skipped");
+            return;
+        }
+    };
     let keys: Arc<Vec<(KeyId, Option<PolicyId>)>> = Arc::new(
         keys.into_iter()
             .map(|(k, p)| {
