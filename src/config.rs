@@ -481,6 +481,19 @@ pub struct UsageConfig {
     pub flush_interval_ms: u64,
     /// The usage journal's folder (and quarantine of unreadable files).
     pub journal_dir: PathBuf,
+    /// Raw usage events older than this many whole UTC days (before today)
+    /// are dropped, a day at a time; 0 keeps them forever. The hourly
+    /// rollups (bills, the usage page) are kept whatever this says.
+    #[serde(default)]
+    pub retention_days: u32,
+    /// PostgreSQL: how many days after today get their partition made
+    /// ahead (at start, then every hour).
+    #[serde(default = "default_partitions_ahead_days")]
+    pub partitions_ahead_days: u32,
+}
+
+fn default_partitions_ahead_days() -> u32 {
+    7
 }
 
 /// What one request, and one key per minute, may ask of the CPU and memory.
@@ -663,6 +676,9 @@ impl Config {
         }
         if self.usage.flush_interval_ms > 60_000 {
             return invalid("usage.flush_interval_ms must be at most 60000 (a minute)".into());
+        }
+        if self.usage.partitions_ahead_days > 366 {
+            return invalid("usage.partitions_ahead_days must be at most 366".into());
         }
         self.validate_budget()?;
         self.validate_remote_images()?;

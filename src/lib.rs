@@ -72,6 +72,14 @@ pub async fn run_with_metrics(
         .await
         .context("opening the database")?;
     dashboard::spawn_pruning(store.clone(), shutdown.clone());
+    access::usage::upkeep::spawn_upkeep(
+        store.clone(),
+        access::usage::upkeep::UsageUpkeep::new(
+            config.usage.partitions_ahead_days,
+            config.usage.retention_days,
+        ),
+        shutdown.clone(),
+    );
     let pepper = load_pepper(&config)?;
     let signer = load_signer(&config)?;
     let engine = Arc::new(build_engine(&config)?);

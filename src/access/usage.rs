@@ -13,6 +13,7 @@
 //! the journal's `quarantine/` folder, never nowhere.
 
 pub mod journal;
+pub mod upkeep;
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -84,6 +84,15 @@ pub struct PolicyUsageRow {
     pub rate_limited: u64,
 }
 
+/// What [`Store::drop_usage_before`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsagePruned {
+    /// Whole day partitions dropped (PostgreSQL).
+    pub partitions: u32,
+    /// Rows deleted one by one (SQLite; PostgreSQL's default partition).
+    pub rows: u64,
+}
+
 /// What became of a new account key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AccountKeyInsert {
@@ -198,6 +207,22 @@ pub trait Store: Send + Sync + 'static {
         key: Option<&KeyId>,
         since: Option<NaiveDate>,
     ) -> Result<Vec<BillingRow>, StoreError>;
+
+    /// Makes ready the storage of raw usage events of the UTC days
+    /// `first..=last`: on PostgreSQL their day partitions (moving any rows
+    /// of those days out of the default partition); nothing on SQLite.
+    /// Returns how many partitions were made. Idempotent, and safe from
+    /// several replicas at once.
+    async fn prepare_usage_days(
+        &self,
+        first: NaiveDate,
+        last: NaiveDate,
+    ) -> Result<u32, StoreError>;
+    /// Deletes the raw usage events of UTC days before `day`: PostgreSQL
+    /// drops their whole day partitions (and deletes such rows from the
+    /// default partition), SQLite deletes the rows. The hourly rollups stay:
+    /// bills, the usage page and "last used" of those days are unchanged.
+    async fn drop_usage_before(&self, day: NaiveDate) -> Result<UsagePruned, StoreError>;
 
     // Accounts. `get_key` reports the keys of a disabled account as revoked
     // (since the account was disabled): the API refuses them through its

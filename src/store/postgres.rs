@@ -14,7 +14,7 @@ use super::common::{
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
+    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError, UsagePruned,
 };
 use crate::access::policy::{policy_from_json, policy_to_json};
 use crate::access::{
@@ -33,6 +33,33 @@ const ACCOUNT_COLUMNS: &str =
 const USAGE_COLUMNS: &str = "request_id, key_id, at, status, text_items, text_chars, \
      image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, endpoint, \
      policy_id";
+
+/// Adds the rows of a CTE `stored` (events just inserted) to the hourly
+/// rollups. Sorted so that concurrent writers (several replicas) lock the
+/// rollup rows they share in the same order and do not deadlock.
+const ROLLUP_UPSERT: &str = "\
+    INSERT INTO usage_hourly AS h (key_id, account_id, hour, policy_id, events, requests, \
+        text_items, text_chars, image_items, image_bytes, deep_analyses, rate_limited, flagged, \
+        last_at) \
+    SELECT s.key_id, k.account_id, date_trunc('hour', s.at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', \
+        COALESCE(s.policy_id, ''), COUNT(*), COUNT(*) FILTER (WHERE s.billable), \
+        COALESCE(SUM(s.text_items) FILTER (WHERE s.billable), 0), \
+        COALESCE(SUM(s.text_chars) FILTER (WHERE s.billable), 0), \
+        COALESCE(SUM(s.image_items) FILTER (WHERE s.billable), 0), \
+        COALESCE(SUM(s.image_bytes) FILTER (WHERE s.billable), 0), \
+        COALESCE(SUM(s.deep_analyses) FILTER (WHERE s.billable), 0), \
+        COUNT(*) FILTER (WHERE s.rate_limited), COUNT(*) FILTER (WHERE s.flagged), MAX(s.at) \
+    FROM stored s JOIN api_keys k ON k.id = s.key_id \
+    GROUP BY 1, 2, 3, 4 ORDER BY 1, 3, 4 \
+    ON CONFLICT (key_id, hour, policy_id) DO UPDATE SET \
+        events = h.events + excluded.events, requests = h.requests + excluded.requests, \
+        text_items = h.text_items + excluded.text_items, \
+        text_chars = h.text_chars + excluded.text_chars, \
+        image_items = h.image_items + excluded.image_items, \
+        image_bytes = h.image_bytes + excluded.image_bytes, \
+        deep_analyses = h.deep_analyses + excluded.deep_analyses, \
+        rate_limited = h.rate_limited + excluded.rate_limited, \
+        flagged = h.flagged + excluded.flagged, last_at = GREATEST(h.last_at, excluded.last_at)";
 
 /// Storage in PostgreSQL.
 #[derive(Clone, Debug)]
@@ -171,13 +198,20 @@ impl Store for PostgresStore {
         let columns = UsageColumns::from_events(events)?;
         // One statement whatever the batch size: arrays keep the SQL text
         // constant (so it is prepared once per connection) and stay far
-        // below the 65,535 bind-parameter limit.
+        // below the 65,535 bind-parameter limit. The rollups add what the
+        // insert returns, the rows actually stored: a retried batch's
+        // events already stored are skipped by both, in one statement, so
+        // events and rollups never disagree.
         let sql = format!(
-            "INSERT INTO usage_events ({USAGE_COLUMNS}) \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::int[], \
-                 $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], \
-                 $10::bool[], $11::bool[], $12::bool[], $13::bigint[], $14::text[], $15::text[]) \
-             ON CONFLICT (request_id) DO NOTHING"
+            "WITH stored AS ( \
+                 INSERT INTO usage_events ({USAGE_COLUMNS}) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::int[], \
+                     $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], \
+                     $10::bool[], $11::bool[], $12::bool[], $13::bigint[], $14::text[], $15::text[]) \
+                 ON CONFLICT (request_id, at) DO NOTHING \
+                 RETURNING key_id, at, policy_id, billable, rate_limited, flagged, \
+                     text_items, text_chars, image_items, image_bytes, deep_analyses) \
+             {ROLLUP_UPSERT}"
         );
         sqlx::query(&sql)
             .bind(columns.request_id)
@@ -223,34 +257,94 @@ impl Store for PostgresStore {
         since: Option<NaiveDate>,
     ) -> Result<Vec<BillingRow>, StoreError> {
         let period_start = match period {
-            Period::Day => "(at AT TIME ZONE 'UTC')::date",
-            Period::Month => "date_trunc('month', at AT TIME ZONE 'UTC')::date",
+            Period::Day => "(hour AT TIME ZONE 'UTC')::date",
+            Period::Month => "date_trunc('month', hour AT TIME ZONE 'UTC')::date",
         };
-        // Same aggregation as the view `usage_billing_daily`, but on the
-        // table so that the `since` bound can use the indexes on `at`.
+        // The rollups hold the sums `usage_billing_daily` used to take
+        // from the events; a period appears only with billable or
+        // rate-limited requests, as it did.
         let mut query = QueryBuilder::<Postgres>::new(format!(
             "SELECT key_id, {period_start} AS period_start, \
-                 COUNT(*) FILTER (WHERE billable) AS requests, \
-                 COALESCE(SUM(text_items) FILTER (WHERE billable), 0)::BIGINT AS text_items, \
-                 COALESCE(SUM(text_chars) FILTER (WHERE billable), 0)::BIGINT AS text_chars, \
-                 COALESCE(SUM(image_items) FILTER (WHERE billable), 0)::BIGINT AS image_items, \
-                 COALESCE(SUM(deep_analyses) FILTER (WHERE billable), 0)::BIGINT AS deep_analyses, \
-                 COUNT(*) FILTER (WHERE rate_limited) AS rate_limited \
-             FROM usage_events WHERE (billable OR rate_limited)"
+                 SUM(requests)::BIGINT AS requests, SUM(text_items)::BIGINT AS text_items, \
+                 SUM(text_chars)::BIGINT AS text_chars, SUM(image_items)::BIGINT AS image_items, \
+                 SUM(deep_analyses)::BIGINT AS deep_analyses, \
+                 SUM(rate_limited)::BIGINT AS rate_limited \
+             FROM usage_hourly WHERE TRUE"
         ));
         if let Some(key) = key {
             query.push(" AND key_id = ").push_bind(key.as_str());
         }
         if let Some(since) = since {
-            query.push(" AND at >= ").push_bind(start_of_day(since));
+            query.push(" AND hour >= ").push_bind(start_of_day(since));
         }
-        query.push(" GROUP BY key_id, period_start ORDER BY key_id, period_start");
+        query.push(
+            " GROUP BY key_id, period_start HAVING SUM(requests) > 0 OR SUM(rate_limited) > 0 \
+             ORDER BY key_id, period_start",
+        );
         let rows = query
             .build()
             .fetch_all(&self.pool)
             .await
             .map_err(map_sqlx)?;
         rows.iter().map(|r| billing_from_row(r, period)).collect()
+    }
+
+    async fn prepare_usage_days(
+        &self,
+        first: NaiveDate,
+        last: NaiveDate,
+    ) -> Result<u32, StoreError> {
+        let made: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FILTER (WHERE moderato_usage_partition(day::date)) \
+             FROM generate_series($1::date, $2::date, interval '1 day') AS day",
+        )
+        .bind(first)
+        .bind(last)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(u32::try_from(made).unwrap_or(u32::MAX))
+    }
+
+    async fn drop_usage_before(&self, day: NaiveDate) -> Result<UsagePruned, StoreError> {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = 'usage_events'::regclass ORDER BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        let mut pruned = UsagePruned::default();
+        for name in names {
+            // Only names this service made, whose day is in the name:
+            // `usage_events_pYYYYMMDD` (so the name is safe to quote as is).
+            let Some(partition_day) = partition_day(&name) else {
+                continue;
+            };
+            if partition_day < day {
+                // Dropping a partition locks the whole table for a moment;
+                // should a long read hold it, give up rather than stall
+                // every insert behind the wait (the next round retries).
+                let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
+                sqlx::query("SET LOCAL lock_timeout = '2s'")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_sqlx)?;
+                sqlx::query(&format!("DROP TABLE IF EXISTS \"{name}\""))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_sqlx)?;
+                tx.commit().await.map_err(map_sqlx)?;
+                pruned.partitions += 1;
+            }
+        }
+        let done = sqlx::query("DELETE FROM usage_events_default WHERE at < $1")
+            .bind(start_of_day(day))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        pruned.rows = done.rows_affected();
+        Ok(pruned)
     }
 
     async fn insert_account(&self, account: &Account) -> Result<(), StoreError> {
@@ -296,8 +390,8 @@ impl Store for PostgresStore {
         let sql = format!(
             "SELECT {ACCOUNT_COLUMNS}, GREATEST( \
                  (SELECT MAX(s.last_seen) FROM dashboard_sessions s WHERE s.account_id = accounts.id), \
-                 (SELECT MAX(u.at) FROM usage_events u JOIN api_keys k ON k.id = u.key_id \
-                  WHERE k.account_id = accounts.id)) AS last_activity \
+                 (SELECT h.last_at FROM usage_hourly h WHERE h.account_id = accounts.id \
+                  ORDER BY h.hour DESC, h.last_at DESC LIMIT 1)) AS last_activity \
              FROM accounts ORDER BY created_at, id"
         );
         let rows = sqlx::query(&sql)
@@ -452,7 +546,8 @@ impl Store for PostgresStore {
     async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError> {
         let sql = format!(
             "SELECT * FROM ({KEY_SELECT} WHERE k.account_id = $1) keys, \
-             LATERAL (SELECT MAX(u.at) AS last_used FROM usage_events u WHERE u.key_id = keys.id) used \
+             LATERAL (SELECT MAX(h.last_at) AS last_used FROM (SELECT last_at FROM usage_hourly \
+                 WHERE key_id = keys.id ORDER BY hour DESC, last_at DESC LIMIT 1) h) used \
              ORDER BY created_at, id"
         );
         let rows = sqlx::query(&sql)
@@ -860,12 +955,14 @@ impl Store for PostgresStore {
         since: NaiveDate,
     ) -> Result<Vec<PolicyUsageRow>, StoreError> {
         let rows = sqlx::query(
-            "SELECT (at AT TIME ZONE 'UTC')::date AS day, policy_id, \
-                 COUNT(*) FILTER (WHERE billable) AS requests, \
-                 COALESCE(SUM(text_items + image_items) FILTER (WHERE billable), 0)::BIGINT AS items, \
-                 COUNT(*) FILTER (WHERE rate_limited) AS rate_limited \
-             FROM usage_events WHERE (billable OR rate_limited) AND key_id = $1 AND at >= $2 \
-             GROUP BY day, policy_id ORDER BY day, policy_id NULLS FIRST",
+            "SELECT (hour AT TIME ZONE 'UTC')::date AS day, NULLIF(policy_id, '') AS policy_id, \
+                 SUM(requests)::BIGINT AS requests, \
+                 SUM(text_items + image_items)::BIGINT AS items, \
+                 SUM(rate_limited)::BIGINT AS rate_limited \
+             FROM usage_hourly WHERE key_id = $1 AND hour >= $2 \
+             GROUP BY day, usage_hourly.policy_id \
+             HAVING SUM(requests) > 0 OR SUM(rate_limited) > 0 \
+             ORDER BY day, usage_hourly.policy_id",
         )
         .bind(key.as_str())
         .bind(start_of_day(since))
@@ -975,6 +1072,16 @@ fn account_from_row(row: &PgRow) -> Result<Account, StoreError> {
         created_at: row.try_get("created_at").map_err(map_sqlx)?,
         awaiting_confirmation: row.try_get("awaiting_confirmation").map_err(map_sqlx)?,
     })
+}
+
+/// The day of a partition named `usage_events_pYYYYMMDD`; `None` for any
+/// other name (the default partition, or a table someone attached).
+fn partition_day(name: &str) -> Option<NaiveDate> {
+    let digits = name.strip_prefix("usage_events_p")?;
+    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    NaiveDate::parse_from_str(digits, "%Y%m%d").ok()
 }
 
 fn start_of_day(day: NaiveDate) -> DateTime<Utc> {

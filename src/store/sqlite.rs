@@ -22,7 +22,7 @@ use super::common::{
 };
 use super::{
     AccountKey, AccountKeyInsert, AccountListing, Attempts, BillingRow, NewAccountKey, NewSession,
-    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError,
+    Period, PolicyUsageRow, Session, SessionUse, SignInFailures, Store, StoreError, UsagePruned,
 };
 use crate::access::policy::{policy_from_json, policy_to_json};
 use crate::access::{
@@ -321,35 +321,58 @@ impl Store for SqliteStore {
         since: Option<NaiveDate>,
     ) -> Result<Vec<BillingRow>, StoreError> {
         let period_start = match period {
-            Period::Day => "date(at)",
-            Period::Month => "date(at, 'start of month')",
+            Period::Day => "date(hour)",
+            Period::Month => "date(hour, 'start of month')",
         };
-        // Same aggregation as the view `usage_billing_daily`, but on the
-        // table so that the `since` bound can use the indexes on `at`.
+        // The rollups hold the sums `usage_billing_daily` used to take
+        // from the events; a period appears only with billable or
+        // rate-limited requests, as it did.
         let mut query = QueryBuilder::<Sqlite>::new(format!(
             "SELECT key_id, {period_start} AS period_start, \
-                 SUM(billable) AS requests, \
-                 SUM(CASE WHEN billable = 1 THEN text_items ELSE 0 END) AS text_items, \
-                 SUM(CASE WHEN billable = 1 THEN text_chars ELSE 0 END) AS text_chars, \
-                 SUM(CASE WHEN billable = 1 THEN image_items ELSE 0 END) AS image_items, \
-                 SUM(CASE WHEN billable = 1 THEN deep_analyses ELSE 0 END) AS deep_analyses, \
-                 SUM(rate_limited) AS rate_limited \
-             FROM usage_events WHERE (billable = 1 OR rate_limited = 1)"
+                 SUM(requests) AS requests, SUM(text_items) AS text_items, \
+                 SUM(text_chars) AS text_chars, SUM(image_items) AS image_items, \
+                 SUM(deep_analyses) AS deep_analyses, SUM(rate_limited) AS rate_limited \
+             FROM usage_hourly WHERE 1"
         ));
         if let Some(key) = key {
             query.push(" AND key_id = ").push_bind(key.as_str());
         }
         if let Some(since) = since {
             let start = since.and_time(NaiveTime::MIN).and_utc();
-            query.push(" AND at >= ").push_bind(timestamp(start));
+            query.push(" AND hour >= ").push_bind(timestamp(start));
         }
-        query.push(" GROUP BY key_id, period_start ORDER BY key_id, period_start");
+        query.push(
+            " GROUP BY key_id, period_start HAVING SUM(requests) > 0 OR SUM(rate_limited) > 0 \
+             ORDER BY key_id, period_start",
+        );
         let rows = query
             .build()
             .fetch_all(&self.pool)
             .await
             .map_err(map_sqlx)?;
         rows.iter().map(|r| billing_from_row(r, period)).collect()
+    }
+
+    async fn prepare_usage_days(
+        &self,
+        _first: NaiveDate,
+        _last: NaiveDate,
+    ) -> Result<u32, StoreError> {
+        // One table: nothing to prepare.
+        Ok(0)
+    }
+
+    async fn drop_usage_before(&self, day: NaiveDate) -> Result<UsagePruned, StoreError> {
+        let start = day.and_time(NaiveTime::MIN).and_utc();
+        let done = sqlx::query("DELETE FROM usage_events WHERE at < ?")
+            .bind(timestamp(start))
+            .execute(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(UsagePruned {
+            partitions: 0,
+            rows: done.rows_affected(),
+        })
     }
 
     async fn insert_account(&self, account: &Account) -> Result<(), StoreError> {
@@ -398,8 +421,8 @@ impl Store for SqliteStore {
             "SELECT {ACCOUNT_COLUMNS}, \
                  (SELECT MAX(s.last_seen) FROM dashboard_sessions s WHERE s.account_id = accounts.id) \
                      AS seen, \
-                 (SELECT MAX(u.at) FROM usage_events u JOIN api_keys k ON k.id = u.key_id \
-                  WHERE k.account_id = accounts.id) AS used \
+                 (SELECT h.last_at FROM usage_hourly h WHERE h.account_id = accounts.id \
+                  ORDER BY h.hour DESC, h.last_at DESC LIMIT 1) AS used \
              FROM accounts ORDER BY created_at, id"
         );
         let rows = sqlx::query(&sql)
@@ -551,8 +574,8 @@ impl Store for SqliteStore {
 
     async fn account_keys(&self, account: &AccountId) -> Result<Vec<AccountKey>, StoreError> {
         let sql = format!(
-            "SELECT keys.*, (SELECT MAX(u.at) FROM usage_events u WHERE u.key_id = keys.id) \
-                 AS last_used \
+            "SELECT keys.*, (SELECT h.last_at FROM usage_hourly h WHERE h.key_id = keys.id \
+                 ORDER BY h.hour DESC, h.last_at DESC LIMIT 1) AS last_used \
              FROM ({KEY_SELECT} WHERE k.account_id = ?) keys ORDER BY created_at, id"
         );
         let rows = sqlx::query(&sql)
@@ -973,11 +996,13 @@ impl Store for SqliteStore {
     ) -> Result<Vec<PolicyUsageRow>, StoreError> {
         let start = since.and_time(NaiveTime::MIN).and_utc();
         let rows = sqlx::query(
-            "SELECT date(at) AS day, policy_id, SUM(billable) AS requests, \
-                 SUM(CASE WHEN billable = 1 THEN text_items + image_items ELSE 0 END) AS items, \
+            "SELECT date(hour) AS day, NULLIF(policy_id, '') AS policy_id, \
+                 SUM(requests) AS requests, SUM(text_items + image_items) AS items, \
                  SUM(rate_limited) AS rate_limited \
-             FROM usage_events WHERE (billable = 1 OR rate_limited = 1) AND key_id = ? AND at >= ? \
-             GROUP BY day, policy_id ORDER BY day, policy_id",
+             FROM usage_hourly WHERE key_id = ? AND hour >= ? \
+             GROUP BY day, usage_hourly.policy_id \
+             HAVING SUM(requests) > 0 OR SUM(rate_limited) > 0 \
+             ORDER BY day, usage_hourly.policy_id",
         )
         .bind(key.as_str())
         .bind(timestamp(start))

@@ -1673,3 +1673,447 @@ async fn usage_is_counted_per_day_and_policy(ctx: Ctx) {
         .unwrap()
         .is_empty());
 }
+
+// Usage at scale: hourly rollups that billing, the usage page and its CSV
+// read, day partitions and retention (PostgreSQL; SQLite has the rollups
+// and the retention, over one table).
+on_both_backends!(with super::run:
+    rollups_match_raw_counts_after_concurrent_and_retried_batches,
+    retention_drops_expired_days_and_keeps_the_rest,
+    making_a_day_partition_moves_its_rows_out_of_the_default,
+    migration_keeps_an_existing_deployments_rows,
+);
+
+/// Billing as it was computed before the rollups: straight from the raw
+/// events (read back from the database), by key then period.
+fn billing_from_raw(events: &[UsageEvent], period: Period) -> Vec<BillingRow> {
+    use chrono::Datelike;
+    let mut rows: std::collections::BTreeMap<(String, NaiveDate), BillingRow> =
+        std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e.billable || e.rate_limited) {
+        let d = e.at.date_naive();
+        let start = match period {
+            Period::Day => d,
+            Period::Month => d - chrono::Days::new(u64::from(d.day0())),
+        };
+        let row = rows
+            .entry((e.key_id.to_string(), start))
+            .or_insert_with(|| BillingRow {
+                key_id: e.key_id.clone(),
+                period,
+                period_start: start,
+                requests: 0,
+                text_items: 0,
+                text_chars: 0,
+                image_items: 0,
+                deep_analyses: 0,
+                rate_limited: 0,
+            });
+        if e.billable {
+            row.requests += 1;
+            row.text_items += u64::from(e.text_items);
+            row.text_chars += e.text_chars;
+            row.image_items += u64::from(e.image_items);
+            row.deep_analyses += u64::from(e.deep_analyses);
+        }
+        if e.rate_limited {
+            row.rate_limited += 1;
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// The usage CSV's rows of one key as computed from the raw events.
+fn policy_usage_from_raw(events: &[UsageEvent], key: &KeyId) -> Vec<PolicyUsageRow> {
+    let mut rows: std::collections::BTreeMap<(NaiveDate, Option<String>), PolicyUsageRow> =
+        std::collections::BTreeMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e.key_id == *key && (e.billable || e.rate_limited))
+    {
+        let policy = e.policy_id.as_ref().map(|p| p.as_str().to_owned());
+        let row = rows
+            .entry((e.at.date_naive(), policy))
+            .or_insert_with(|| PolicyUsageRow {
+                day: e.at.date_naive(),
+                policy_id: e.policy_id.clone(),
+                requests: 0,
+                items: 0,
+                rate_limited: 0,
+            });
+        if e.billable {
+            row.requests += 1;
+            row.items += u64::from(e.text_items) + u64::from(e.image_items);
+        }
+        if e.rate_limited {
+            row.rate_limited += 1;
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// Every figure the rollups give equals the same figure counted over the
+/// raw events: bills per day and month, all keys and one, from a day on,
+/// the CSV's rows per policy, and "last used".
+async fn assert_rollups_match_raw(store: &dyn Store, keys: &[KeyId]) {
+    let raw = store.usage_events(None).await.expect("raw events");
+    for period in [Period::Day, Period::Month] {
+        assert_eq!(
+            store.billing(period, None, None).await.expect("billing"),
+            billing_from_raw(&raw, period),
+            "{period:?} bills of all keys"
+        );
+    }
+    let since = day(2026, 7, 2);
+    let raw_since: Vec<UsageEvent> = raw
+        .iter()
+        .filter(|e| e.at.date_naive() >= since)
+        .cloned()
+        .collect();
+    for key in keys {
+        let of_key: Vec<UsageEvent> = raw_since
+            .iter()
+            .filter(|e| e.key_id == *key)
+            .cloned()
+            .collect();
+        assert_eq!(
+            store
+                .billing(Period::Day, Some(key), Some(since))
+                .await
+                .expect("billing"),
+            billing_from_raw(&of_key, Period::Day),
+            "daily bill of {key} since {since}"
+        );
+        assert_eq!(
+            store.policy_usage(key, since).await.expect("policy usage"),
+            policy_usage_from_raw(&raw_since, key),
+            "usage CSV rows of {key}"
+        );
+    }
+    let last_used: Vec<Option<DateTime<Utc>>> = store
+        .account_keys(&AccountId::operator())
+        .await
+        .expect("keys")
+        .iter()
+        .map(|k| k.last_used)
+        .collect();
+    let raw_last: Vec<Option<DateTime<Utc>>> = keys
+        .iter()
+        .map(|k| raw.iter().filter(|e| e.key_id == *k).map(|e| e.at).max())
+        .collect();
+    assert_eq!(last_used, raw_last, "last used of each key");
+}
+
+fn policy(n: u8) -> PolicyId {
+    PolicyId::parse(&format!("00000000-0000-4000-8000-0000000000{n:02}")).expect("policy id")
+}
+
+/// The `i`-th event of a mixed batch: three days, several hours, two keys,
+/// three policies (none among them), billable, refused and failed requests,
+/// text and images.
+fn mixed_event(request_id: String, i: usize) -> UsageEvent {
+    let k = key_id(1 + (i % 2) as u64);
+    let when = at(
+        2026,
+        7,
+        1 + (i % 3) as u32,
+        (i * 7 % 24) as u32,
+        (i % 60) as u32,
+        0,
+    ) + chrono::Duration::microseconds(i as i64);
+    let base = UsageEvent {
+        text_items: 1 + (i % 3) as u32,
+        text_chars: 10 * i as u64,
+        image_items: (i % 4 == 0) as u32,
+        image_bytes: if i % 4 == 0 { 5_000 } else { 0 },
+        deep_analyses: (i % 5 == 0) as u32,
+        flagged: i % 6 == 0,
+        policy_id: match i % 3 {
+            0 => None,
+            n => Some(policy(n as u8)),
+        },
+        ..event(&request_id, &k, when)
+    };
+    match i % 10 {
+        0 => refused(&request_id, &k, when),
+        1 => client_error(&request_id, &k, when),
+        _ => base,
+    }
+}
+
+async fn rollups_match_raw_counts_after_concurrent_and_retried_batches(ctx: Ctx) {
+    const TASKS: usize = 6;
+    const BATCHES: usize = 8;
+    const PER_BATCH: usize = 40;
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1, 2]).await;
+    // The first two days get their partitions (PostgreSQL); the third's
+    // rows go to the default partition until it is made below.
+    store
+        .prepare_usage_days(day(2026, 7, 1), day(2026, 7, 2))
+        .await
+        .expect("partitions");
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..TASKS {
+        let store = ctx.store.clone();
+        tasks.spawn(async move {
+            for b in 0..BATCHES {
+                // Pairs of tasks write the same batches at the same time (a
+                // journal replayed while the live writer runs), and each
+                // batch is retried once after it was stored.
+                let batch: Vec<UsageEvent> = (0..PER_BATCH)
+                    .map(|i| mixed_event(format!("t{}-b{b}-e{i}", t / 2), b * PER_BATCH + i))
+                    .collect();
+                store.insert_usage(&batch).await.expect("insert");
+                store.insert_usage(&batch).await.expect("retry");
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("task finished");
+    }
+    // A retried batch that also holds new events: only those count.
+    let overlap: Vec<UsageEvent> = (0..PER_BATCH * 2)
+        .map(|i| mixed_event(format!("t0-b0-e{i}"), i))
+        .collect();
+    store
+        .insert_usage(&overlap)
+        .await
+        .expect("overlapping retry");
+
+    let raw = store.usage_events(None).await.expect("raw");
+    assert_eq!(raw.len(), TASKS / 2 * BATCHES * PER_BATCH + PER_BATCH);
+    let keys = [key_id(1), key_id(2)];
+    assert_rollups_match_raw(store, &keys).await;
+
+    store
+        .prepare_usage_days(day(2026, 7, 3), day(2026, 7, 3))
+        .await
+        .expect("the third day's partition");
+    assert_eq!(store.usage_events(None).await.expect("raw"), raw);
+    assert_rollups_match_raw(store, &keys).await;
+}
+
+/// Counts of a backend's raw rows per table, by plain SQL.
+async fn count(ctx: &Ctx, sql: &str) -> i64 {
+    match ctx.kind {
+        Backend::Postgres => {
+            let pg = PostgresStore::connect(&ctx.url).await.expect("connect");
+            sqlx::query_scalar(sql)
+                .fetch_one(pg.pool())
+                .await
+                .expect(sql)
+        }
+        Backend::Sqlite => {
+            let lite = SqliteStore::connect(&ctx.url).await.expect("connect");
+            sqlx::query_scalar(sql)
+                .fetch_one(lite.pool())
+                .await
+                .expect(sql)
+        }
+    }
+}
+
+async fn retention_drops_expired_days_and_keeps_the_rest(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let k = key_id(1);
+    let made = store
+        .prepare_usage_days(day(2026, 3, 1), day(2026, 3, 3))
+        .await
+        .expect("partitions");
+    let again = store
+        .prepare_usage_days(day(2026, 3, 1), day(2026, 3, 3))
+        .await
+        .expect("partitions again");
+    match ctx.kind {
+        Backend::Postgres => assert_eq!((made, again), (3, 0)),
+        Backend::Sqlite => assert_eq!((made, again), (0, 0)),
+    }
+    // 28 February has no partition: its row is in the default one.
+    let events = vec![
+        event("feb28", &k, at(2026, 2, 28, 23, 59, 59)),
+        event("mar1-a", &k, at(2026, 3, 1, 0, 0, 0)),
+        refused("mar1-b", &k, at(2026, 3, 1, 23, 0, 0)),
+        event("mar2", &k, at(2026, 3, 2, 0, 0, 0)),
+        event("mar3", &k, at(2026, 3, 3, 12, 0, 0)),
+    ];
+    store.insert_usage(&events).await.expect("insert");
+    let bills = store.billing(Period::Day, None, None).await.expect("bills");
+
+    let pruned = store
+        .drop_usage_before(day(2026, 3, 2))
+        .await
+        .expect("retention");
+    match ctx.kind {
+        Backend::Postgres => {
+            assert_eq!((pruned.partitions, pruned.rows), (1, 1));
+            assert_eq!(
+                count(
+                    &ctx,
+                    "SELECT COUNT(*) FROM pg_class WHERE relname IN \
+                     ('usage_events_p20260301', 'usage_events_p20260302', 'usage_events_p20260303')"
+                )
+                .await,
+                2,
+                "1 March's partition is gone, the later ones stay"
+            );
+        }
+        Backend::Sqlite => assert_eq!((pruned.partitions, pruned.rows), (0, 3)),
+    }
+    let kept = store.usage_events(None).await.expect("raw");
+    assert_eq!(request_ids(&kept), ["mar2", "mar3"]);
+    assert_eq!(
+        store.billing(Period::Day, None, None).await.expect("bills"),
+        bills,
+        "bills of dropped days are kept (they read the rollups)"
+    );
+    // Dropping again finds nothing more to drop.
+    let twice = store
+        .drop_usage_before(day(2026, 3, 2))
+        .await
+        .expect("retention again");
+    assert_eq!((twice.partitions, twice.rows), (0, 0));
+    store
+        .insert_usage(&[event("mar3-late", &k, at(2026, 3, 3, 13, 0, 0))])
+        .await
+        .expect("the kept days still take rows");
+    assert_eq!(store.usage_events(None).await.expect("raw").len(), 3);
+}
+
+async fn making_a_day_partition_moves_its_rows_out_of_the_default(ctx: Ctx) {
+    let store = ctx.store.as_ref();
+    add_keys(store, &[1]).await;
+    let k = key_id(1);
+    let events = vec![
+        event("apr1-a", &k, at(2026, 4, 1, 0, 0, 0)),
+        event("apr1-b", &k, at(2026, 4, 1, 23, 59, 59)),
+        event("apr2", &k, at(2026, 4, 2, 0, 0, 0)),
+    ];
+    store.insert_usage(&events).await.expect("insert");
+    store
+        .prepare_usage_days(day(2026, 4, 1), day(2026, 4, 1))
+        .await
+        .expect("partition");
+    assert_eq!(store.usage_events(None).await.expect("raw"), events);
+    // A retry after the move is still recognised as one.
+    store.insert_usage(&events).await.expect("retry");
+    assert_eq!(store.usage_events(None).await.expect("raw"), events);
+    assert_eq!(
+        store.billing(Period::Day, None, None).await.expect("bills")[0].requests,
+        2
+    );
+    if ctx.kind == Backend::Postgres {
+        assert_eq!(
+            count(&ctx, "SELECT COUNT(*) FROM usage_events_p20260401").await,
+            2
+        );
+        assert_eq!(
+            count(&ctx, "SELECT COUNT(*) FROM usage_events_default").await,
+            1,
+            "2 April has no partition yet"
+        );
+    }
+}
+
+/// Runs migration files as plain SQL, each in one implicit transaction (a
+/// multi-statement simple query), as a deployment's history did.
+async fn apply_migrations(kind: Backend, url: &str, files: &[std::path::PathBuf]) {
+    for f in files {
+        let sql = std::fs::read_to_string(f).expect("read migration");
+        match kind {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(url).await.expect("connect");
+                sqlx::raw_sql(&sql).execute(&pool).await.expect("migrate");
+            }
+            Backend::Sqlite => {
+                let options = url
+                    .parse::<sqlx::sqlite::SqliteConnectOptions>()
+                    .expect("SQLite URL")
+                    .create_if_missing(true);
+                let pool = sqlx::SqlitePool::connect_with(options)
+                    .await
+                    .expect("connect");
+                sqlx::raw_sql(&sql).execute(&pool).await.expect("migrate");
+            }
+        }
+    }
+}
+
+/// An existing deployment's rows, written under the schema before the
+/// rollups, survive the migration and its bills do not change.
+async fn migration_keeps_an_existing_deployments_rows(ctx: Ctx) {
+    // A database of its own, migrated by hand up to 0007.
+    let db = TestDb::new(ctx.kind).await;
+    let dir = match ctx.kind {
+        Backend::Postgres => "migrations/postgres",
+        Backend::Sqlite => "migrations/sqlite",
+    };
+    let mut files: Vec<std::path::PathBuf> =
+        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir))
+            .expect("migrations")
+            .map(|e| e.expect("entry").path())
+            .collect();
+    files.sort();
+    let (before, after): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|f| f.file_name().and_then(|n| n.to_str()).expect("name") < "0008");
+    apply_migrations(ctx.kind, &db.url, &before).await;
+    let insert = "INSERT INTO api_keys (id, name, tier, secret_hash, created_at) \
+                  VALUES ('0000000000000001', 'k', 'pro', x'00', '2026-01-01T00:00:00.000000Z'); \
+                  INSERT INTO usage_events (request_id, key_id, at, status, text_items, text_chars, \
+                  image_items, image_bytes, deep_analyses, flagged, rate_limited, billable, latency_ms, \
+                  endpoint, policy_id) VALUES \
+                  ('r1', '0000000000000001', '2026-01-05T10:00:00.000000Z', 200, 2, 20, 0, 0, 0, 0, 0, 1, 5, 'moderate', NULL), \
+                  ('r2', '0000000000000001', '2026-01-05T10:30:00.000000Z', 429, 1, 5, 0, 0, 0, 0, 1, 0, 5, 'moderate', NULL), \
+                  ('r3', '0000000000000001', '2026-01-06T00:00:00.000000Z', 200, 1, 7, 1, 900, 1, 1, 0, 1, 5, 'moderations', '00000000-0000-4000-8000-000000000001')";
+    match ctx.kind {
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+            let pg = insert
+                .replace("x'00'", "'\\x00'")
+                .replace(", 0, 0, 1, 5,", ", false, false, true, 5,")
+                .replace(", 0, 1, 0, 5,", ", false, true, false, 5,")
+                .replace(", 1, 0, 1, 5,", ", true, false, true, 5,");
+            sqlx::raw_sql(&pg).execute(&pool).await.expect("old rows");
+        }
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+            sqlx::raw_sql(insert)
+                .execute(&pool)
+                .await
+                .expect("old rows");
+        }
+    }
+    apply_migrations(ctx.kind, &db.url, &after).await;
+    let store: Arc<dyn Store> = match ctx.kind {
+        Backend::Postgres => Arc::new(PostgresStore::connect(&db.url).await.expect("connect")),
+        Backend::Sqlite => Arc::new(SqliteStore::connect(&db.url).await.expect("connect")),
+    };
+    let raw = store.usage_events(None).await.expect("raw");
+    assert_eq!(request_ids(&raw), ["r1", "r2", "r3"]);
+    let bills = store.billing(Period::Day, None, None).await.expect("bills");
+    assert_eq!(bills, billing_from_raw(&raw, Period::Day));
+    assert_eq!(
+        bills
+            .iter()
+            .map(|r| (r.requests, r.text_chars, r.image_items, r.rate_limited))
+            .collect::<Vec<_>>(),
+        [(1, 20, 0, 1), (1, 7, 1, 0)]
+    );
+    // Rows written after the migration land with the old ones.
+    store
+        .insert_usage(&[event("r4", &key_id(1), at(2026, 1, 6, 1, 0, 0))])
+        .await
+        .expect("insert after migrating");
+    let raw = store.usage_events(None).await.expect("raw");
+    assert_eq!(
+        store
+            .billing(Period::Month, None, None)
+            .await
+            .expect("bills"),
+        billing_from_raw(&raw, Period::Month)
+    );
+    drop(store);
+    drop(db);
+}

@@ -1,7 +1,7 @@
 //! Usage metering: one row per authenticated response, nothing lost under
 //! concurrency, a database outage or a SIGTERM in the middle of a load.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -10,9 +10,10 @@ use futures::future::join_all;
 use serde_json::{json, Value};
 
 use crate::child::enterprise_key;
+use crate::dash_client::{create_account, usage_rows, Session, PASSWORD};
 use crate::helpers::*;
 use crate::on_both_backends;
-use moderato::access::{KeyId, Tier};
+use moderato::access::{KeyId, PolicyId, Tier, UsageEvent};
 use moderato::store::Period;
 
 async fn rows_equal_responses_after_a_concurrent_burst(backend: Backend) {
@@ -215,7 +216,168 @@ on_both_backends!(
     rows_equal_responses_after_a_concurrent_burst,
     billing_query_counts_billable_units,
     sigterm_in_the_middle_of_a_load_loses_nothing,
+    usage_page_csv_and_bills_count_what_the_raw_events_hold,
 );
+
+/// Figures of the usage page per day ([billable requests, items,
+/// rate-limited]) and of the CSV per day and policy, counted over the raw
+/// events of some keys, over the page's 30 days.
+type PageFigures = BTreeMap<String, [u64; 3]>;
+type CsvFigures = BTreeMap<(String, String), [u64; 3]>;
+
+fn figures_from_raw(events: &[UsageEvent], keys: &[KeyId]) -> (PageFigures, CsvFigures) {
+    let today = chrono::Utc::now().date_naive();
+    let first = today - chrono::Days::new(29);
+    let mut page: PageFigures = (0..30)
+        .map(|i| ((first + chrono::Days::new(i)).to_string(), [0; 3]))
+        .collect();
+    let mut csv = CsvFigures::new();
+    for e in events
+        .iter()
+        .filter(|e| keys.contains(&e.key_id) && e.at.date_naive() >= first)
+    {
+        let add = [
+            u64::from(e.billable),
+            if e.billable {
+                u64::from(e.text_items + e.image_items)
+            } else {
+                0
+            },
+            u64::from(e.rate_limited),
+        ];
+        let day = e.at.date_naive().to_string();
+        let policy = e
+            .policy_id
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        if e.billable || e.rate_limited {
+            let row = csv.entry((day.clone(), policy)).or_default();
+            for (sum, n) in row.iter_mut().zip(add) {
+                *sum += n;
+            }
+        }
+        let row = page.get_mut(&day).expect("a day of the page");
+        for (sum, n) in row.iter_mut().zip(add) {
+            *sum += n;
+        }
+    }
+    // A day without traffic is one row of zeros in the CSV.
+    for day in page.keys() {
+        if !csv.keys().any(|(d, _)| d == day) {
+            csv.insert((day.clone(), String::new()), [0; 3]);
+        }
+    }
+    (page, csv)
+}
+
+fn csv_figures(body: &str) -> CsvFigures {
+    let mut lines = body.lines();
+    assert_eq!(lines.next(), Some("day,requests,items,rate_limited,policy"));
+    lines
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            let n = |i: usize| f[i].parse::<u64>().expect("a count");
+            ((f[0].to_owned(), f[4].to_owned()), [n(1), n(2), n(3)])
+        })
+        .collect()
+}
+
+/// The dashboard's usage page and CSV and the billing query read the hourly
+/// rollups; each must give what counting the raw events gives, for a month
+/// of mixed traffic (older days too, outside the page), several policies,
+/// and today's requests through the API.
+async fn usage_page_csv_and_bills_count_what_the_raw_events_hold(backend: Backend) {
+    let app = spawn_app(backend).await;
+    create_account(&app, "ada@example.com", "customer", &["--tier", "pro"]);
+    let mut ada = Session::signed_in(&app, "ada@example.com", PASSWORD).await;
+    let (first_id, first) = ada.create_key("first").await;
+    let (second_id, _) = ada.create_key("second").await;
+    let keys = [
+        KeyId::parse(&first_id).unwrap(),
+        KeyId::parse(&second_id).unwrap(),
+    ];
+    let policies = [
+        None,
+        PolicyId::parse("00000000-0000-4000-8000-000000000001"),
+        PolicyId::parse("00000000-0000-4000-8000-000000000002"),
+    ];
+    let today = chrono::Utc::now().date_naive();
+    let start = (today - chrono::Days::new(40))
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc();
+    let events: Vec<UsageEvent> = (0..600u32)
+        .map(|i| {
+            let billable = i % 9 != 0 && i % 13 != 0;
+            UsageEvent {
+                request_id: format!("seed-{i}"),
+                key_id: keys[(i % 2) as usize].clone(),
+                // Every 100 minutes over 41 days: the page's 30 and older ones.
+                at: start + chrono::Duration::minutes(i64::from(i) * 98),
+                status: if i % 9 == 0 {
+                    429
+                } else if i % 13 == 0 {
+                    400
+                } else {
+                    200
+                },
+                text_items: 1 + i % 3,
+                text_chars: u64::from(i) * 3,
+                image_items: u32::from(i % 4 == 0),
+                image_bytes: 0,
+                deep_analyses: 0,
+                flagged: i % 5 == 0,
+                rate_limited: i % 9 == 0,
+                billable,
+                latency_ms: 10,
+                endpoint: moderato::access::Endpoint::Moderate,
+                policy_id: policies[(i % 3) as usize].clone(),
+            }
+        })
+        .filter(|e| e.at < chrono::Utc::now())
+        .collect();
+    app.store.insert_usage(&events).await.unwrap();
+    // Retried, as the writer does after a lost answer: counted once.
+    app.store.insert_usage(&events[..100]).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(app.moderate_text(&first, "hello").await.status(), 200);
+    }
+    let raw = app.usage_events(events.len() + 3).await;
+
+    for (query, keys) in [
+        (String::new(), &keys[..]),
+        (format!("?key={first_id}"), &keys[..1]),
+        (format!("?key={second_id}"), &keys[1..]),
+    ] {
+        let (page, csv) = figures_from_raw(&raw, keys);
+        let shown = ada.get(&format!("/dashboard/usage{query}")).await;
+        assert_eq!(shown.status, 200);
+        assert_eq!(usage_rows(&shown.body), page, "usage page{query}");
+        let file = ada.get(&format!("/dashboard/usage.csv{query}")).await;
+        assert_eq!(file.status, 200);
+        assert_eq!(csv_figures(&file.body), csv, "usage.csv{query}");
+    }
+    for key in &keys {
+        let of_key: Vec<UsageEvent> = raw.iter().filter(|e| e.key_id == *key).cloned().collect();
+        for period in [Period::Day, Period::Month] {
+            let bills = app.store.billing(period, Some(key), None).await.unwrap();
+            let billable: Vec<&UsageEvent> = of_key.iter().filter(|e| e.billable).collect();
+            assert_eq!(
+                bills.iter().map(|b| b.requests).sum::<u64>(),
+                billable.len() as u64
+            );
+            assert_eq!(
+                bills.iter().map(|b| b.text_chars).sum::<u64>(),
+                billable.iter().map(|e| e.text_chars).sum::<u64>()
+            );
+            assert_eq!(
+                bills.iter().map(|b| b.rate_limited).sum::<u64>(),
+                of_key.iter().filter(|e| e.rate_limited).count() as u64
+            );
+        }
+    }
+}
 
 /// The database goes away for a while: responses keep coming (keys cached),
 /// their rows are retried and all land once it is back.
