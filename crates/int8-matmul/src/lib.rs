@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+mod amx;
 pub mod attention;
 pub mod ops;
 mod simd;
@@ -88,15 +89,22 @@ pub enum Kernel {
     /// 8-bit dot products (`vpdpbusd`, AVX-512 VNNI) on 512-bit registers,
     /// sixteen output columns at a time: Intel since Ice Lake, AMD since Zen 4.
     Avx512Vnni,
+    /// AMX tiles (`tdpbssd`, 16 rows x 16 columns x one block per
+    /// instruction), with the AVX-512 VNNI kernel's scaling and its kernels
+    /// for the shapes tiles do not fit: Intel since Sapphire Rapids. Only
+    /// when Linux grants the tile state and a start-up self-check against
+    /// the portable kernel passes (see [`amx::works`]).
+    Amx,
 }
 
 impl Kernel {
     /// Every kernel, narrowest first.
-    pub const ALL: [Kernel; 4] = [
+    pub const ALL: [Kernel; 5] = [
         Kernel::Portable,
         Kernel::Avx2,
         Kernel::AvxVnni,
         Kernel::Avx512Vnni,
+        Kernel::Amx,
     ];
 
     /// The name `text_model.cpu_kernel` and the logs use.
@@ -106,6 +114,7 @@ impl Kernel {
             Kernel::Avx2 => "avx2",
             Kernel::AvxVnni => "avxvnni",
             Kernel::Avx512Vnni => "avx512vnni",
+            Kernel::Amx => "amx",
         }
     }
 
@@ -117,6 +126,10 @@ impl Kernel {
             Kernel::Avx2 => "avx2 and fma",
             Kernel::AvxVnni => "avx2, fma and avxvnni",
             Kernel::Avx512Vnni => "avx2, fma, avx512f, avx512vl and avx512vnni",
+            Kernel::Amx => {
+                "avx2, fma, avx512f, avx512vl, avx512vnni, amx-tile and amx-int8, on \
+                 Linux 5.16 or later (which grants the tile state)"
+            }
         }
     }
 
@@ -134,6 +147,7 @@ impl Kernel {
                 Kernel::Avx512Vnni => {
                     avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
                 }
+                Kernel::Amx => Kernel::Avx512Vnni.is_supported() && amx::works(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -160,7 +174,7 @@ impl Kernel {
     /// Whether the kernel multiplies [`Form::Rows`] with 8-bit dot
     /// products, reading offset activations in [`VNNI_ORDER`].
     fn offset_rows(self) -> bool {
-        matches!(self, Kernel::AvxVnni | Kernel::Avx512Vnni)
+        matches!(self, Kernel::AvxVnni | Kernel::Avx512Vnni | Kernel::Amx)
     }
 
     /// The kernel the process uses (see [`choose_kernel`]).
@@ -169,8 +183,6 @@ impl Kernel {
         *DETECTED.get_or_init(|| match choice() {
             KernelChoice::Auto => Kernel::best_of_cpu(),
             KernelChoice::Force(kernel) => kernel,
-            // `choose_kernel` refuses it, so the choice is never stored.
-            KernelChoice::Amx => unreachable!("the AMX kernel is never chosen"),
         })
     }
 }
@@ -181,9 +193,6 @@ impl Kernel {
 pub enum KernelChoice {
     /// The widest kernel the CPU can run.
     Auto,
-    /// AMX tiles: not built (see [`ChoiceError::NotBuilt`]); accepted as a
-    /// name so that asking for it says why it is refused.
-    Amx,
     /// This kernel, or a startup error if the CPU lacks it.
     Force(Kernel),
 }
@@ -206,7 +215,6 @@ impl std::str::FromStr for KernelChoice {
     fn from_str(s: &str) -> Result<KernelChoice, String> {
         match s {
             "auto" => Ok(KernelChoice::Auto),
-            "amx" => Ok(KernelChoice::Amx),
             other => Kernel::ALL
                 .into_iter()
                 .find(|k| k.name() == other)
@@ -226,11 +234,9 @@ impl std::str::FromStr for KernelChoice {
 pub enum ChoiceError {
     /// The kernels were already chosen differently in this process.
     AlreadyChosen { kept: Kernel },
-    /// The CPU lacks the instructions of the forced kernel.
+    /// The CPU (or, for AMX, the operating system or the start-up
+    /// self-check) cannot run the forced kernel.
     Unsupported(Kernel),
-    /// No AMX kernel is built: it could not be run and tested on a machine
-    /// with AMX, and an untested kernel is not shipped.
-    NotBuilt(&'static str),
 }
 
 impl std::fmt::Display for ChoiceError {
@@ -252,11 +258,6 @@ impl std::fmt::Display for ChoiceError {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            ChoiceError::NotBuilt(name) => write!(
-                f,
-                "no {name} kernel is built into this version (it has not been tested on a \
-                 CPU with AMX); use \"auto\", which picks the best kernel this CPU has"
-            ),
         }
     }
 }
@@ -275,7 +276,6 @@ fn choice() -> KernelChoice {
 /// lacks is refused (nothing is chosen then).
 pub fn choose_kernel(wanted: KernelChoice) -> Result<Kernel, ChoiceError> {
     match wanted {
-        KernelChoice::Amx => return Err(ChoiceError::NotBuilt("amx")),
         KernelChoice::Force(kernel) if !kernel.is_supported() => {
             return Err(ChoiceError::Unsupported(kernel))
         }
@@ -288,7 +288,6 @@ pub fn choose_kernel(wanted: KernelChoice) -> Result<Kernel, ChoiceError> {
     let same = match wanted {
         KernelChoice::Auto => kept == Kernel::best_of_cpu(),
         KernelChoice::Force(kernel) => kept == kernel,
-        KernelChoice::Amx => false,
     };
     if same {
         Ok(kept)
@@ -383,7 +382,23 @@ impl Layout {
     /// against signed activations, and start each block's sums at minus the
     /// offset times the activations' block sum, so the sums are the exact
     /// integers the portable kernel computes.
+    ///
+    /// The AMX kernel multiplies signed bytes by signed bytes (`tdpbssd`),
+    /// so its weights carry no offset: sixteen columns, four weights each
+    /// per 64-byte step, which is a tile of `tdpbssd`'s second operand as
+    /// it lies. Matrices whose rows are not a multiple of sixteen (and the
+    /// row form) it leaves to the AVX-512 VNNI kernel, in that one's layout.
     fn of(form: Form, kernel: Kernel, rows: usize) -> Layout {
+        if kernel == Kernel::Amx {
+            if form != Form::Rows && rows.is_multiple_of(WIDE_GROUP) {
+                return Layout {
+                    width: 4,
+                    group: WIDE_GROUP,
+                    offset: 0,
+                };
+            }
+            return Layout::of(form, Kernel::Avx512Vnni, rows);
+        }
         let vnni = matches!(kernel, Kernel::AvxVnni | Kernel::Avx512Vnni);
         let group = if kernel == Kernel::Avx512Vnni && rows.is_multiple_of(WIDE_GROUP) {
             WIDE_GROUP
@@ -886,6 +901,76 @@ impl<'a> Int8Rows<'a> {
     }
 }
 
+/// The AMX kernel against the portable one on small random products of
+/// both weight forms, row counts below, at and above a tile (16), an odd
+/// number of blocks, and three groups of columns: whether every bit is the
+/// same. Run once, before AMX is chosen (see [`amx::works`]): a kernel that
+/// gave other sums would silently change every embedding.
+fn amx_self_check() -> bool {
+    let (n, k) = (48, 96);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as u32
+    };
+    let eight: Vec<i8> = (0..n * k).map(|_| next() as u8 as i8).collect();
+    let four: Vec<i8> = (0..n * k).map(|_| (next() % 17) as i8 - 8).collect();
+    let scales: Vec<f32> = (0..n * k / BLOCK)
+        .map(|_| (next() % 1000 + 1) as f32 / 997.0)
+        .collect();
+    let mut same = true;
+    for values in [eight, four] {
+        let amx = Int8Matrix::from_blocks_for(values.clone(), scales.clone(), n, k, Kernel::Amx);
+        let portable = Int8Matrix::from_blocks_for(values, scales.clone(), n, k, Kernel::Portable);
+        for m in [1, 5, 16, 21] {
+            // Activations as quantising gives them, built here and not
+            // quantised: quantising asks which kernel the process uses,
+            // which is what this check is deciding.
+            let signed: Vec<i8> = (0..m * k)
+                .map(|_| ((next() % 255) as i32 - 127) as i8)
+                .collect();
+            let wide: Vec<i16> = signed.iter().map(|&v| v as i16).collect();
+            let sums: Vec<i32> = signed
+                .chunks_exact(BLOCK)
+                .map(|b| b.iter().map(|&v| v as i32).sum())
+                .collect();
+            let x_scales: Vec<f32> = (0..m * k / BLOCK)
+                .map(|_| (next() % 1000 + 1) as f32 / 1009.0)
+                .collect();
+            let product = |w: &Int8Matrix| {
+                let values = if w.layout().signed_activations() {
+                    RowValues::Signed {
+                        values: &signed,
+                        sums: &sums,
+                    }
+                } else {
+                    RowValues::Wide(&wide)
+                };
+                let x = Int8Rows {
+                    k,
+                    values,
+                    scales: &x_scales,
+                };
+                let mut out = vec![0f32; m * n];
+                let ptr = OutPtr {
+                    ptr: out.as_mut_ptr(),
+                    ld: n,
+                };
+                // SAFETY: `out` is m x n and only this call writes it. The
+                // AMX matrix runs the AMX kernel unchecked: this function
+                // runs once the CPU, the OS and Linux's permission said yes.
+                unsafe { kernel::run(w, &x, 0..n, ptr) };
+                out
+            };
+            let (a, p) = (product(&amx), product(&portable));
+            same &= a.iter().zip(&p).all(|(a, p)| a.to_bits() == p.to_bits());
+        }
+    }
+    same
+}
+
 mod kernel {
     use super::{Form, Int8Matrix, Int8Rows, Kernel, OutPtr, RowValues, BLOCK, GROUP};
     use std::ops::Range;
@@ -911,6 +996,12 @@ mod kernel {
                 };
                 match (w.kernel, w.form) {
                     #[cfg(target_arch = "x86_64")]
+                    (Kernel::Amx, _) if w.group == super::WIDE_GROUP => unsafe {
+                        x86::amx(w, &x, cols, out)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    (Kernel::Amx, _) => unsafe { x86::dot_avx512_256(w, &x, cols, out) },
+                    #[cfg(target_arch = "x86_64")]
                     (Kernel::Avx512Vnni, _) if w.group == super::WIDE_GROUP => unsafe {
                         x86::dot_avx512(w, &x, cols, out)
                     },
@@ -934,7 +1025,7 @@ mod kernel {
                 #[cfg(target_arch = "x86_64")]
                 (Kernel::Avx2, RowValues::Wide(xv)) => unsafe { x86::avx2(w, xv, x, cols, out) },
                 #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512Vnni, RowValues::Offset(xv)) => unsafe {
+                (Kernel::Avx512Vnni | Kernel::Amx, RowValues::Offset(xv)) => unsafe {
                     x86::vnni(w, xv, x, cols, out)
                 },
                 #[cfg(target_arch = "x86_64")]
@@ -1598,6 +1689,123 @@ mod kernel {
             acc
         }
 
+        /// [`Form::Narrow`] and [`Form::Grouped`] on AMX tiles, sixteen
+        /// activation rows by sixteen columns by one block per `tdpbssd`.
+        ///
+        /// Layout ([`super::super::Layout::of`]): as [`dot_avx512`]'s with no
+        /// offset: per group of 16 output columns and block of 32, eight
+        /// 64-byte steps; step `q` holds for each column in turn its weights
+        /// `4q..4q+4` of the block as signed bytes, which is `tdpbssd`'s
+        /// second tile as it lies in memory. Activations: signed bytes,
+        /// row-major, `k` apart, read as a tile of 16 rows by one block.
+        ///
+        /// Why one block (K = 32) per tile product and not the 64 bytes a
+        /// tile row holds: each block has its own pair of scales, and the
+        /// portable kernel scales each block's exact sum on its own; the
+        /// sums of two blocks added together could not be split again. The
+        /// tile's sums go to memory and are scaled with AVX-512 exactly as
+        /// [`dot512_rows`] scales its registers, so the bits are the same.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+        pub(super) unsafe fn amx(w: &Int8Matrix, x: &Narrow, cols: Range<usize>, out: OutPtr) {
+            check_narrow(x);
+            crate::amx::configure_thread();
+            let (m, k) = (x.rows(), x.k);
+            let blocks = k / BLOCK;
+            assert_eq!(w.group, WIDE_GROUP, "the matrix is interleaved for AMX");
+            assert!(cols.start.is_multiple_of(WIDE_GROUP) && cols.end.is_multiple_of(WIDE_GROUP));
+            assert!(w.values.len() >= cols.end * k && w.scales.len() >= cols.end * blocks);
+            let (wstride, sstride) = group_stride::<WIDE_GROUP>(blocks);
+            // The last tile of fewer than 16 rows is read from a copy padded
+            // with zeros (a tile always loads 16 rows).
+            let mut padded: (Vec<i8>, Vec<f32>) = (Vec::new(), Vec::new());
+            for tile in (0..m).step_by(TILE) {
+                let valid = (m - tile).min(TILE);
+                let (values, scales) = if valid == TILE {
+                    (
+                        x.values.as_ptr().add(tile * k),
+                        x.scales.as_ptr().add(tile * blocks),
+                    )
+                } else {
+                    padded.0.resize(TILE * k, 0);
+                    padded.0[..valid * k].copy_from_slice(&x.values[tile * k..m * k]);
+                    padded.1.resize(TILE * blocks, 0.0);
+                    padded.1[..valid * blocks]
+                        .copy_from_slice(&x.scales[tile * blocks..m * blocks]);
+                    (padded.0.as_ptr(), padded.1.as_ptr())
+                };
+                let rows = TileRows {
+                    values,
+                    scales,
+                    k,
+                    blocks,
+                };
+                for g in cols.start / WIDE_GROUP..cols.end / WIDE_GROUP {
+                    let at = (
+                        w.values.as_ptr().add(g * wstride),
+                        w.scales.as_ptr().add(g * sstride),
+                    );
+                    // Scale only the rows there are, rounded up to four.
+                    let acc = match valid.div_ceil(4) {
+                        1 => amx_rows::<4>(at, rows),
+                        2 => amx_rows::<8>(at, rows),
+                        3 => amx_rows::<12>(at, rows),
+                        _ => amx_rows::<16>(at, rows),
+                    };
+                    for (i, a) in acc.iter().enumerate().take(valid) {
+                        _mm512_storeu_ps(out.ptr.add((tile + i) * out.ld + g * WIDE_GROUP), *a);
+                    }
+                }
+            }
+        }
+
+        /// Activation rows per AMX tile.
+        const TILE: usize = 16;
+
+        /// Sixteen activation rows (some maybe padding): values `k` apart and
+        /// their block scales `blocks` apart.
+        #[derive(Clone, Copy)]
+        struct TileRows {
+            values: *const i8,
+            scales: *const f32,
+            k: usize,
+            blocks: usize,
+        }
+
+        /// The sums of the first `R` of 16 activation rows against one group
+        /// of 16 columns.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn amx_rows<const R: usize>(
+            (weights, wscales): (*const i8, *const f32),
+            rows: TileRows,
+        ) -> [__m512; TILE] {
+            #[repr(C, align(64))]
+            struct Sums([[i32; WIDE_GROUP]; 2 * TILE]);
+            let mut sums = Sums([[0; WIDE_GROUP]; 2 * TILE]);
+            let mut acc = [_mm512_setzero_ps(); TILE];
+            for b in 0..rows.blocks {
+                let odd = b % 2 == 1;
+                let tile_sums = sums.0.as_mut_ptr().add(if odd { TILE } else { 0 });
+                // SAFETY: the thread is configured (`amx`); the tile reads 16
+                // rows of one block, `k` apart, and the group's 512 bytes of
+                // block b, and writes 16 x 16 i32.
+                crate::amx::block_product(
+                    rows.values.add(b * BLOCK),
+                    rows.k,
+                    weights.add(b * WIDE_GROUP * BLOCK),
+                    tile_sums as *mut i32,
+                    odd,
+                );
+                let ws = _mm512_loadu_ps(wscales.add(b * WIDE_GROUP));
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    let sum = _mm512_load_si512(tile_sums.add(i) as *const __m512i);
+                    let xs = _mm512_set1_ps(*rows.scales.add(i * rows.blocks + b));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, xs), *a);
+                }
+            }
+            acc
+        }
+
         /// [`dot_avx512`] on 256-bit registers, eight columns at a time,
         /// in either encoding of `vpdpbusd` (`$dpbusd`). Layout as
         /// [`dot_avx512`]'s with groups of eight columns (32-byte steps).
@@ -1871,7 +2079,6 @@ mod tests {
                     k.needs()
                 );
             }
-            eprintln!("int8-matmul tests: skipped the amx kernel: not built");
         });
         Kernel::available()
     }
@@ -1993,12 +2200,24 @@ mod tests {
             assert_eq!(kernel.name().parse(), Ok(KernelChoice::Force(kernel)));
         }
         assert_eq!("auto".parse(), Ok(KernelChoice::Auto));
-        assert_eq!("amx".parse(), Ok(KernelChoice::Amx));
+        assert_eq!("amx".parse(), Ok(KernelChoice::Force(Kernel::Amx)));
         let err = "avx512".parse::<KernelChoice>().unwrap_err();
         assert!(err.contains("avx512vnni"), "{err}");
-        let amx = choose_kernel(KernelChoice::Amx).unwrap_err();
-        assert_eq!(amx, ChoiceError::NotBuilt("amx"));
-        assert!(amx.to_string().contains("auto"), "{amx}");
+        // Forcing AMX: refused on a CPU (or kernel) without it, naming the
+        // kernels there are; taken (or already the choice) where it runs.
+        let amx = choose_kernel(KernelChoice::Force(Kernel::Amx));
+        if Kernel::Amx.is_supported() {
+            assert_eq!(amx, Ok(Kernel::Amx));
+        } else {
+            let err = amx.unwrap_err();
+            assert_eq!(err, ChoiceError::Unsupported(Kernel::Amx));
+            let said = err.to_string();
+            assert!(
+                said.contains("amx-int8") && said.contains("\"auto\""),
+                "{said}"
+            );
+            assert!(said.contains(Kernel::best_of_cpu().name()), "{said}");
+        }
         let unsupported = ChoiceError::Unsupported(Kernel::Avx512Vnni).to_string();
         assert!(unsupported.contains("avx512vnni"), "{unsupported}");
         // The process's choice is auto (nothing in the tests forces one):
@@ -2012,6 +2231,21 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn a_cpu_with_amx_runs_the_amx_kernel() {
+        // Linux lists amx_int8 and amx_tile only when it supports them (5.16
+        // and later); then the permission and the self-check must succeed,
+        // or every AMX server would silently run the AVX-512 kernel.
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let listed = |f: &str| flags.split_whitespace().any(|w| w == f);
+        if !(listed("amx_int8") && listed("amx_tile") && listed("avx512_vnni")) {
+            eprintln!("int8-matmul tests: skipped the AMX detection check: no AMX listed");
+            return;
+        }
+        assert!(Kernel::Amx.is_supported(), "AMX is listed but not used");
+        assert_eq!(Kernel::best_of_cpu(), Kernel::Amx);
     }
 
     #[test]
