@@ -2213,6 +2213,8 @@ mod tests {
                     k.needs()
                 );
             }
+            let ran: Vec<&str> = Kernel::available().iter().map(|k| k.name()).collect();
+            eprintln!("int8-matmul tests: ran the {} kernels", ran.join(", "));
         });
         Kernel::available()
     }
