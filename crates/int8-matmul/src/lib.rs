@@ -1904,41 +1904,49 @@ mod kernel {
             rows: TileRows,
         ) -> [__m512; TILE] {
             #[repr(C, align(64))]
-            struct Sums([[[i32; WIDE_GROUP]; TILE]; AHEAD]);
-            let mut sums = Sums([[[0; WIDE_GROUP]; TILE]; AHEAD]);
+            struct Sums([[[i32; WIDE_GROUP]; TILE]; RING]);
+            let mut sums = Sums([[[0; WIDE_GROUP]; TILE]; RING]);
+            let slots = sums.0.as_mut_ptr() as *mut i32;
+            let slot = |b: usize| slots.add((b % RING) * TILE * WIDE_GROUP);
+            let product = |b: usize| {
+                // SAFETY: the thread is configured (`amx`); the tile reads
+                // 16 rows of one block, `k` apart, and the group's 512 bytes
+                // of block b, and writes 16 x 16 i32 to its slot of the ring.
+                crate::amx::block_product(
+                    rows.values.add(b * BLOCK),
+                    rows.k,
+                    weights.add(b * WIDE_GROUP * BLOCK),
+                    slot(b),
+                    b % 2 == 1,
+                );
+            };
+            for b in 0..AHEAD.min(rows.blocks) {
+                product(b);
+            }
             let mut acc = [_mm512_setzero_ps(); TILE];
-            for first in (0..rows.blocks).step_by(AHEAD) {
-                let blocks = first..(first + AHEAD).min(rows.blocks);
-                for (j, b) in blocks.clone().enumerate() {
-                    // SAFETY: the thread is configured (`amx`); the tile
-                    // reads 16 rows of one block, `k` apart, and the
-                    // group's 512 bytes of block b, and writes 16 x 16 i32.
-                    crate::amx::block_product(
-                        rows.values.add(b * BLOCK),
-                        rows.k,
-                        weights.add(b * WIDE_GROUP * BLOCK),
-                        sums.0[j].as_mut_ptr() as *mut i32,
-                        j % 2 == 1,
-                    );
+            for b in 0..rows.blocks {
+                if b + AHEAD < rows.blocks {
+                    product(b + AHEAD);
                 }
-                for (j, b) in blocks.enumerate() {
-                    let ws = _mm512_loadu_ps(wscales.add(b * WIDE_GROUP));
-                    for (i, a) in acc.iter_mut().enumerate().take(R) {
-                        let sum = _mm512_load_si512(sums.0[j][i].as_ptr() as *const __m512i);
-                        let xs = _mm512_set1_ps(*rows.scales.add(i * rows.blocks + b));
-                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, xs), *a);
-                    }
+                let block_sums = slot(b);
+                let ws = _mm512_loadu_ps(wscales.add(b * WIDE_GROUP));
+                for (i, a) in acc.iter_mut().enumerate().take(R) {
+                    let sum = _mm512_load_si512(block_sums.add(i * WIDE_GROUP) as *const __m512i);
+                    let xs = _mm512_set1_ps(*rows.scales.add(i * rows.blocks + b));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, xs), *a);
                 }
             }
             acc
         }
 
-        /// Blocks whose tile products are stored before the first of them
-        /// is read back. Why: a vector load of what a tile store has just
-        /// written waits for the store to leave the core; reading each
-        /// block's sums straight after its product made the kernel slower
-        /// than AVX-512 VNNI (112 ns per 16 x 16 block instead of ~10).
-        const AHEAD: usize = 8;
+        /// How many blocks ahead of the one being scaled the tile products
+        /// run. Why: a vector load of what a tile store has just written
+        /// waits for the store to leave the core; reading each block's sums
+        /// straight after its product made the kernel slower than AVX-512
+        /// VNNI (112 ns per 16 x 16 block instead of about 40).
+        const AHEAD: usize = 7;
+        /// Slots for the sums in flight: more than [`AHEAD`].
+        const RING: usize = AHEAD + 1;
 
         /// [`dot_avx512`] on 256-bit registers, eight columns at a time,
         /// in either encoding of `vpdpbusd` (`$dpbusd`). Layout as
