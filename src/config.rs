@@ -188,8 +188,8 @@ impl TextModelConfig {
 #[serde(rename_all = "lowercase")]
 pub enum CpuKernel {
     Auto,
-    /// Accepted so that asking for it says why it is refused: no AMX
-    /// kernel is built (see docs/performance-kernels.md).
+    /// AMX tiles where the CPU has them and Linux grants the tile state
+    /// (see docs/performance-kernels.md).
     Amx,
     Avx512vnni,
     Avxvnni,
@@ -202,7 +202,7 @@ impl CpuKernel {
         use int8_matmul::{Kernel, KernelChoice};
         match self {
             CpuKernel::Auto => KernelChoice::Auto,
-            CpuKernel::Amx => KernelChoice::Amx,
+            CpuKernel::Amx => KernelChoice::Force(Kernel::Amx),
             CpuKernel::Avx512vnni => KernelChoice::Force(Kernel::Avx512Vnni),
             CpuKernel::Avxvnni => KernelChoice::Force(Kernel::AvxVnni),
             CpuKernel::Avx2 => KernelChoice::Force(Kernel::Avx2),
@@ -1120,7 +1120,7 @@ mod tests {
         use int8_matmul::{Kernel, KernelChoice};
         for (name, choice) in [
             ("auto", KernelChoice::Auto),
-            ("amx", KernelChoice::Amx),
+            ("amx", KernelChoice::Force(Kernel::Amx)),
             ("avx512vnni", KernelChoice::Force(Kernel::Avx512Vnni)),
             ("avxvnni", KernelChoice::Force(Kernel::AvxVnni)),
             ("avx2", KernelChoice::Force(Kernel::Avx2)),

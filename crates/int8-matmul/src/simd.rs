@@ -24,7 +24,7 @@ thread_local! {
 }
 
 /// The widest build the process's kernel allows: AVX-512 only with the
-/// AVX-512 VNNI kernel (so forcing `avx2` measures what AVX2 machines run),
+/// AVX-512 VNNI and AMX kernels (so forcing `avx2` measures what AVX2 machines run),
 /// none with the portable kernel.
 pub(crate) fn build() -> Build {
     #[cfg(test)]
@@ -34,7 +34,7 @@ pub(crate) fn build() -> Build {
     static BUILD: OnceLock<Build> = OnceLock::new();
     *BUILD.get_or_init(|| match crate::Kernel::detect() {
         crate::Kernel::Portable => Build::Baseline,
-        crate::Kernel::Avx512Vnni => Build::Avx512,
+        crate::Kernel::Avx512Vnni | crate::Kernel::Amx => Build::Avx512,
         // Every other kernel needs AVX2 (`Kernel::is_supported`).
         crate::Kernel::Avx2 | crate::Kernel::AvxVnni => Build::Avx2,
     })
