@@ -462,9 +462,14 @@ mod tests {
     fn a_cpu_kernel_that_cannot_run_stops_startup_and_says_why() {
         let forced = super::choose_cpu_kernel(crate::config::CpuKernel::Amx);
         if int8_matmul::Kernel::Amx.is_supported() {
-            // Taken, or the process already runs it (auto picks it here).
+            // Taken, or kept when another test of this process chose first
+            // (auto picks AVX-512 VNNI on such a CPU: it measured faster).
             forced.expect("this CPU runs the AMX kernel");
-            assert_eq!(int8_matmul::kernel_name(), "amx");
+            assert!(
+                ["amx", "avx512vnni"].contains(&int8_matmul::kernel_name()),
+                "{}",
+                int8_matmul::kernel_name()
+            );
             return;
         }
         let err = forced.unwrap_err().to_string();

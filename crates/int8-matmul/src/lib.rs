@@ -165,9 +165,16 @@ impl Kernel {
     }
 
     /// The widest kernel this CPU can run.
+    /// The fastest kernel this CPU runs. AMX is not among those `auto`
+    /// picks: with one 32-wide block per tile product (each block has its
+    /// own scales) it measured slower than AVX-512 VNNI on this project's
+    /// Xeon (Criterion, one MiniLM layer, quiet machine: 117 against 74 µs
+    /// at 4 tokens, 2.50 against 2.25 ms at 128; e5 2.38 against 1.95 ms at
+    /// 128), so it is only used when `text_model.cpu_kernel = "amx"` asks.
     fn best_of_cpu() -> Kernel {
         Kernel::available()
-            .pop()
+            .into_iter()
+            .rfind(|k| *k != Kernel::Amx)
             .expect("the portable kernel runs anywhere")
     }
 
@@ -2381,7 +2388,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cpu_with_amx_runs_the_amx_kernel() {
+    fn a_cpu_with_amx_can_run_the_amx_kernel() {
         // Linux lists amx_int8 and amx_tile only when it supports them (5.16
         // and later); then the permission and the self-check must succeed,
         // or every AMX server would silently run the AVX-512 kernel.
@@ -2391,15 +2398,17 @@ mod tests {
             eprintln!("int8-matmul tests: skipped the AMX detection check: no AMX listed");
             return;
         }
-        assert!(Kernel::Amx.is_supported(), "AMX is listed but not used");
-        assert_eq!(Kernel::best_of_cpu(), Kernel::Amx);
+        assert!(Kernel::Amx.is_supported(), "AMX is listed but not usable");
+        assert_eq!(Kernel::best_of_cpu(), Kernel::Avx512Vnni, "auto does not pick AMX");
     }
 
     #[test]
-    fn auto_picks_the_widest_kernel_the_cpu_has() {
+    fn auto_picks_the_widest_kernel_the_cpu_has_short_of_amx() {
         let best = Kernel::best_of_cpu();
-        assert!(best.is_supported());
-        assert!(Kernel::ALL.iter().all(|k| *k <= best || !k.is_supported()));
+        assert!(best.is_supported() && best != Kernel::Amx);
+        assert!(Kernel::ALL
+            .iter()
+            .all(|k| *k <= best || *k == Kernel::Amx || !k.is_supported()));
     }
 
     #[test]
