@@ -2399,7 +2399,11 @@ mod tests {
             return;
         }
         assert!(Kernel::Amx.is_supported(), "AMX is listed but not usable");
-        assert_eq!(Kernel::best_of_cpu(), Kernel::Avx512Vnni, "auto does not pick AMX");
+        assert_eq!(
+            Kernel::best_of_cpu(),
+            Kernel::Avx512Vnni,
+            "auto does not pick AMX"
+        );
     }
 
     #[test]
