@@ -37,7 +37,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 /// partition), with a request id like the service's.
 fn event(n: u64, keys: &[(KeyId, Option<PolicyId>)]) -> UsageEvent {
     let (key_id, policy_id) = keys[(n.wrapping_mul(7919) % keys.len() as u64) as usize].clone();
-    let billable = n % 50 != 0 && n % 100 != 1;
+    let billable = !n.is_multiple_of(50) && n % 100 != 1;
     UsageEvent {
         request_id: format!("modr_{}", uuid::Uuid::now_v7().simple()),
         key_id,
@@ -49,11 +49,11 @@ fn event(n: u64, keys: &[(KeyId, Option<PolicyId>)]) -> UsageEvent {
         },
         text_items: 1 + (n % 4) as u32,
         text_chars: 60 + (n * 37) % 1900,
-        image_items: u32::from(n % 10 == 0),
-        image_bytes: if n % 10 == 0 { 120_000 } else { 0 },
-        deep_analyses: u32::from(n % 20 == 0),
-        flagged: n % 12 == 0,
-        rate_limited: n % 50 == 0,
+        image_items: u32::from(n.is_multiple_of(10)),
+        image_bytes: if n.is_multiple_of(10) { 120_000 } else { 0 },
+        deep_analyses: u32::from(n.is_multiple_of(20)),
+        flagged: n.is_multiple_of(12),
+        rate_limited: n.is_multiple_of(50),
         billable,
         latency_ms: 5 + (n % 45) as u32,
         endpoint: if n % 10 < 7 {

@@ -1824,10 +1824,10 @@ fn mixed_event(request_id: String, i: usize) -> UsageEvent {
     let base = UsageEvent {
         text_items: 1 + (i % 3) as u32,
         text_chars: 10 * i as u64,
-        image_items: (i % 4 == 0) as u32,
-        image_bytes: if i % 4 == 0 { 5_000 } else { 0 },
-        deep_analyses: (i % 5 == 0) as u32,
-        flagged: i % 6 == 0,
+        image_items: u32::from(i.is_multiple_of(4)),
+        image_bytes: if i.is_multiple_of(4) { 5_000 } else { 0 },
+        deep_analyses: u32::from(i.is_multiple_of(5)),
+        flagged: i.is_multiple_of(6),
         policy_id: match i % 3 {
             0 => None,
             n => Some(policy(n as u8)),
