@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from common import HEADS, ROOT, WORK, examples_dir
 import eval_sets
+from finetune_encoder import batches  # similar lengths per batch, shuffled
 from train_heads import taught_label
 
 E5_FILE = ROOT / "models" / "e5" / "e5-small-q4.bin"
@@ -254,16 +255,6 @@ def tokens(texts, name):
     with open(cache, "w") as f:
         for ids in out:
             f.write(json.dumps(ids) + "\n")
-    return out
-
-
-def batches(order, lens, size):
-    chunks = [order[i : i + size * 50] for i in range(0, len(order), size * 50)]
-    out = []
-    for c in chunks:
-        c = sorted(c, key=lambda i: lens[i])
-        out += [c[i : i + size] for i in range(0, len(c), size)]
-    random.shuffle(out)
     return out
 
 
