@@ -101,6 +101,27 @@ class E5S1:
             offset, size = u64(), u64()
             self.tensors[name] = (dtype, length, offset, size)
 
+    def scales(self, name):
+        """The f16 scale of each 32-value block of a 4-bit tensor, widened."""
+        dtype, length, offset, size = self.tensors[name]
+        assert dtype == 1, name
+        raw = np.frombuffer(self.bytes, dtype=np.uint8, count=size, offset=offset)
+        return raw.reshape(-1, 2 + BLOCK // 2)[:, :2].copy().view("<f2").astype(np.float32).reshape(-1)
+
+    def put_on_grid(self, name, values):
+        """`values` as codes on the file's own 4-bit grid (its block scales
+        kept): the fine-tuned file then differs from the pinned one only in
+        codes that moved, which is what makes the shipped delta small."""
+        dtype, length, offset, size = self.tensors[name]
+        d = self.scales(name)
+        x = np.asarray(values, dtype=np.float32).reshape(-1, BLOCK)
+        inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0.0)
+        q = np.clip(np.floor(x * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
+        packed = q[:, : BLOCK // 2] | (q[:, BLOCK // 2 :] << 4)
+        out = np.concatenate([d.astype("<f2")[:, None].view(np.uint8), packed], axis=1)
+        assert out.size == size, name
+        self.bytes[offset : offset + size] = out.astype(np.uint8).tobytes()
+
     def get(self, name, shape):
         dtype, length, offset, size = self.tensors[name]
         raw = np.frombuffer(self.bytes, dtype=np.uint8, count=size, offset=offset)
@@ -168,6 +189,27 @@ class E5(torch.nn.Module):
                 setattr(layer, ln, torch.nn.ParameterList([t(f.get(f"l{n}.{ln}.w", (h,))), t(f.get(f"l{n}.{ln}.b", (h,)))]))
             self.layers.append(layer)
         self.drop = torch.nn.Dropout(0.1)
+        # Quantisation-aware training (--qat): each dense weight is used as
+        # its 4-bit code on the pinned file's grid (block scales fixed), with
+        # the straight-through gradient. Updates smaller than half a grid
+        # step would otherwise vanish when the file is written.
+        self.qat = False
+        for n, layer in enumerate(self.layers):
+            for name in LAYER_TENSORS:
+                layer.register_buffer(f"{name}_d", torch.from_numpy(f.scales(f"l{n}.{name}.w")), persistent=False)
+
+    def weight(self, layer, name):
+        w = getattr(layer, name).weight
+        if not self.qat:
+            return w
+        d = getattr(layer, f"{name}_d")[:, None]
+        blocks = w.reshape(-1, BLOCK)
+        inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+        q = (torch.floor(blocks * inv + 8.5).clamp(0, 15) - 8) * d
+        return w + (q.reshape(w.shape) - w).detach()
+
+    def dense(self, layer, name, x):
+        return F.linear(x, self.weight(layer, name), getattr(layer, name).bias)
 
     def forward(self, ids, mask):
         n, t = ids.shape
@@ -178,11 +220,11 @@ class E5(torch.nn.Module):
         d = h // self.heads
         split = lambda y: y.view(n, t, self.heads, d).transpose(1, 2)  # noqa: E731
         for layer in self.layers:
-            q, k, v = split(layer.q(x)), split(layer.k(x)), split(layer.v(x))
+            q, k, v = (split(self.dense(layer, name, x)) for name in ("q", "k", "v"))
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=0.1 if self.training else 0.0)
             att = att.transpose(1, 2).reshape(n, t, h)
-            x = F.layer_norm(x + self.drop(layer.ao(att)), (h,), layer.aln[0], layer.aln[1], self.eps)
-            y = layer.fo(F.gelu(layer.fi(x)))
+            x = F.layer_norm(x + self.drop(self.dense(layer, "ao", att)), (h,), layer.aln[0], layer.aln[1], self.eps)
+            y = self.dense(layer, "fo", F.gelu(self.dense(layer, "fi", x)))
             x = F.layer_norm(x + self.drop(y), (h,), layer.oln[0], layer.oln[1], self.eps)
         m = mask[..., None].to(x.dtype)
         return F.normalize((x * m).sum(1) / m.sum(1), dim=-1)
@@ -190,16 +232,12 @@ class E5(torch.nn.Module):
     def write_into(self, f):
         """This model's trainable tensors into the file `f` (in place)."""
         get = lambda p: p.detach().float().numpy()  # noqa: E731
-        f.put("emb.pos", get(self.pos))
-        typ = f.get("emb.type", (2, self.word.shape[1]))
-        typ[0] = get(self.typ)[0]
-        f.put("emb.type", typ)
-        f.put("emb.ln.w", get(self.ln[0]))
-        f.put("emb.ln.b", get(self.ln[1]))
+        # The embeddings (words, positions, type, their layer norm) are not
+        # trained: they stay the pinned file's bytes.
         for n, layer in enumerate(self.layers):
             for name in LAYER_TENSORS:
                 lin = getattr(layer, name)
-                f.put(f"l{n}.{name}.w", get(lin.weight))
+                f.put_on_grid(f"l{n}.{name}.w", get(lin.weight))
                 f.put(f"l{n}.{name}.b", get(lin.bias))
             for ln in ("aln", "oln"):
                 f.put(f"l{n}.{ln}.w", get(getattr(layer, ln)[0]))
@@ -207,14 +245,15 @@ class E5(torch.nn.Module):
 
 
 def quantise_layers_in_place(model):
-    """Rounds every dense weight to the served 4-bit blocks (what serving the
-    fine-tuned file will see); used to measure what the quantisation costs."""
+    """Rounds every dense weight to the pinned file's 4-bit grid (what serving
+    the fine-tuned file will see); used to measure what the quantisation
+    costs when training did not already see it (--qat)."""
+    was, model.qat = model.qat, True
     with torch.no_grad():
         for layer in model.layers:
             for name in LAYER_TENSORS:
-                w = getattr(layer, name).weight
-                q = dequantize_q4(np.frombuffer(quantize_q4(w.detach().numpy().reshape(-1)), dtype=np.uint8), w.numel())
-                w.copy_(torch.from_numpy(q.reshape(w.shape)))
+                getattr(layer, name).weight.copy_(model.weight(layer, name))
+    model.qat = was
 
 
 # --- data -----------------------------------------------------------------------
@@ -296,7 +335,19 @@ def fit_heads(x, y):
     return heads
 
 
+class JointHeads(dict):
+    """The linear head trained with the encoder, in the shape `score` reads."""
+
+    def __init__(self, head):
+        super().__init__({h: None for h in HEADS})
+        self.head = head
+
+
 def score(heads, x):
+    if isinstance(heads, JointHeads):
+        with torch.no_grad():
+            p = torch.sigmoid(heads.head(torch.from_numpy(x) * 10)).numpy()
+        return {h: p[:, j] for j, h in enumerate(HEADS)}
     return {h: m.predict_proba(x * 10)[:, 1] for h, m in heads.items()}
 
 
@@ -357,6 +408,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (timing)")
     ap.add_argument("--no-ml", action="store_true", help="English rows only")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--qat", action="store_true", help="train on the 4-bit grid (straight-through)")
     ap.add_argument("--skip-frozen", action="store_true", help="no check of the pinned encoder first")
     ap.add_argument("--evals", type=int, default=2, help="validation checks per epoch")
     ap.add_argument("--eval-rows", type=int, default=6000, help="train rows the checkpoint heads are fitted on")
@@ -398,14 +450,22 @@ def main():
     def check(tag):
         t0 = time.time()
         heads = fit_heads(embed(model, [seqs[i] for i in fit_idx], bf16), fit_y)
-        v = validation_figures(heads, embed(model, val_seqs, bf16), val_labels)
-        m, per = mhc_figures(heads, embed(model, mhc_seqs, bf16), mhc_langs, mhc_y)
+        vx, mx = embed(model, val_seqs, bf16), embed(model, mhc_seqs, bf16)
+        v = validation_figures(heads, vx, val_labels)
+        m, per = mhc_figures(heads, mx, mhc_langs, mhc_y)
+        # The jointly trained linear head as well: heads refitted on rows
+        # the encoder has just learned can flatter or wrong it.
+        joint = JointHeads(head)
+        jv = validation_figures(joint, vx, val_labels)
+        jm, jper = mhc_figures(joint, mx, mhc_langs, mhc_y)
         print(
             f"{tag}: validation any {v['any']:.4f} per-category {v['per_category']:.4f}; "
-            f"MHC hate mean {m:.4f} {' '.join(f'{k}:{x:.2f}' for k, x in per.items())} ({time.time() - t0:.0f} s)",
+            f"MHC hate mean {m:.4f} {' '.join(f'{k}:{x:.2f}' for k, x in per.items())}; "
+            f"joint head: validation any {jv['any']:.4f} per-category {jv['per_category']:.4f} MHC {jm:.4f} "
+            f"{' '.join(f'{k}:{x:.2f}' for k, x in jper.items())} ({time.time() - t0:.0f} s)",
             flush=True,
         )
-        return v["any"]
+        return v["any"] + m + jv["any"] + jm
 
     if not args.skip_frozen:
         check("frozen")
@@ -417,12 +477,9 @@ def main():
                 p.requires_grad = False
             continue
         groups.append({"params": list(layer.parameters()), "lr": args.lr * args.decay ** (n_layers - 1 - n), "weight_decay": 0.01})
-    emb_params = [model.pos, model.typ, *model.ln]
-    if args.top:
-        for p in emb_params:
-            p.requires_grad = False
-    else:
-        groups.append({"params": emb_params, "lr": args.lr * args.decay**n_layers, "weight_decay": 0.0})
+    for p in [model.pos, model.typ, *model.ln]:
+        p.requires_grad = False  # at lr·decay¹² they barely moved, and the delta stays the layers'
+    model.qat = args.qat
     opt = torch.optim.AdamW(groups)
     for g in opt.param_groups:
         g["base"] = g["lr"]
@@ -456,10 +513,12 @@ def main():
                 a = check(f"step {step} epoch {step / steps_per_epoch:.2f}")
                 if best is None or a > best[0]:
                     best = (a, step)
-                    torch.save(model.state_dict(), f"{args.out}.pt")
+                    torch.save({"model": model.state_dict(), "head": head.state_dict()}, f"{args.out}.pt")
     if args.steps:
         return
-    model.load_state_dict(torch.load(f"{args.out}.pt"))
+    saved = torch.load(f"{args.out}.pt")
+    model.load_state_dict(saved["model"])
+    head.load_state_dict(saved["head"])
     quantise_layers_in_place(model)
     check(f"best (step {best[1]}), 4-bit")
     f = E5S1(E5_FILE)
