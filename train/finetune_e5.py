@@ -138,10 +138,13 @@ class E5S1:
         return dequantize_q4(raw, length).reshape(shape)
 
     def put(self, name, values):
+        """An f32 tensor (biases, layer norms); 4-bit ones go through
+        `put_on_grid`."""
         dtype, length, offset, size = self.tensors[name]
+        assert dtype == 0, f"{name} is 4-bit: put_on_grid"
         values = np.asarray(values, dtype=np.float32).reshape(-1)
         assert values.size == length, name
-        data = values.astype("<f4").tobytes() if dtype == 0 else quantize_q4(values)
+        data = values.astype("<f4").tobytes()
         assert len(data) == size, name
         self.bytes[offset : offset + size] = data
 
@@ -152,20 +155,6 @@ def dequantize_q4(raw, length):
     nib = blocks[:, 2:]
     q = np.concatenate([(nib & 0x0F).astype(np.int8) - 8, (nib >> 4).astype(np.int8) - 8], axis=1)
     return (q.astype(np.float32) * scale).reshape(length)
-
-
-def quantize_q4(values):
-    """ggml's Q4_0: per block the value of largest magnitude maps to -8."""
-    x = values.reshape(-1, BLOCK)
-    idx = np.abs(x).argmax(1)
-    m = x[np.arange(len(x)), idx]
-    d = m / -8.0
-    d16 = d.astype("<f2")
-    inv = np.where(d16.astype(np.float32) != 0, 1.0 / d16.astype(np.float32), 0.0)
-    q = np.clip(np.floor(x * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
-    packed = q[:, : BLOCK // 2] | (q[:, BLOCK // 2 :] << 4)
-    out = np.concatenate([d16[:, None].view(np.uint8), packed], axis=1)
-    return out.astype(np.uint8).tobytes()
 
 
 # --- the model -----------------------------------------------------------------

@@ -63,9 +63,6 @@ def main():
     shipped = json.loads(SECOND_STAGE_HEADS_PATH.read_text())
     categories = sorted(shipped["e5"]["heads"])
     ml_train = load(WORK / "dataset_ml.jsonl", "train")
-    if os.environ.get("MODERATO_ML_TRANSLATED", "1") == "0":
-        # Without our translated written rows (prepare.py's `tr:` sources).
-        ml_train = [r for r in ml_train if not r["source"].startswith("tr:")]
     ml_test = load(WORK / "dataset_ml.jsonl", "test")
     english = english_sample(categories)
     fit_rows = ml_train + english
