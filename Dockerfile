@@ -29,11 +29,14 @@ COPY migrations ./migrations
 COPY config ./config
 COPY assets ./assets
 COPY scripts ./scripts
+# scripts/fetch-e5.sh rebuilds the fine-tuned e5 with it.
+COPY train/e5_delta.py ./train/e5_delta.py
 RUN cargo build --release --locked --bin moderato \
  && mkdir -p /out && cp target/release/moderato /out/moderato
 # The OCR models as published (ppocr/source/) are only the input of their
 # rewrite (scripts/fuse-ocr.py): the image needs the rewritten ones. The e5
-# encoder (72 MB) stays: MODERATO_TEXT_MODEL__SECOND_STAGE=true reads it.
+# encoder stays, as published and fine-tuned (72 MB each): the default
+# accurate path reads the fine-tuned one, heads fitted on the other may name it.
 RUN MODERATO_MODELS_DIR=/out/models scripts/setup.sh && rm -rf /out/models/ppocr/source
 
 # The binary and models built on the host (.dockerignore lets only these two

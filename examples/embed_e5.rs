@@ -10,12 +10,13 @@
 //! does. The model is read from `$MODERATO_MODELS_DIR/e5` or
 //! `<repository>/models/e5`. `E5_LAYERS=n` keeps only the first `n`
 //! layers (see `E5::load_layers`); `E5_WINDOW=n` reads scoring windows of
-//! `n` framed tokens (see `E5::with_window`).
+//! `n` framed tokens (see `E5::with_window`); `E5_WEIGHTS=finetuned` reads
+//! the fine-tuned file instead of the pinned one (see `E5Weights`).
 
 use std::io::{BufWriter, Write};
 
 use anyhow::{bail, Context};
-use moderato::moderation::text::model::e5::{E5, E5_DIR};
+use moderato::moderation::text::model::e5::{E5Weights, E5, E5_DIR};
 use moderato::moderation::Deadline;
 
 mod texts;
@@ -31,10 +32,15 @@ fn main() -> anyhow::Result<()> {
         _ => bail!("usage: embed_e5 IN.jsonl OUT_PREFIX"),
     };
     let dir = moderato::config::repository_models_dir().join(E5_DIR);
-    let model = match std::env::var("E5_LAYERS") {
-        Ok(n) => E5::load_layers(&dir, n.parse().context("E5_LAYERS is a positive number")?)?,
-        Err(_) => E5::load(&dir)?,
+    let layers = match std::env::var("E5_LAYERS") {
+        Ok(n) => Some(n.parse().context("E5_LAYERS is a positive number")?),
+        Err(_) => None,
     };
+    let weights = match std::env::var("E5_WEIGHTS") {
+        Ok(w) => w.parse::<E5Weights>()?,
+        Err(_) => E5Weights::Pinned,
+    };
+    let model = E5::open(&dir, weights, layers)?;
     let model = match std::env::var("E5_WINDOW") {
         Ok(n) => model.with_window(n.parse().context("E5_WINDOW is a positive number")?)?,
         Err(_) => model,

