@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from common import HEADS, ROOT, WORK, examples_dir
 import eval_sets
 from finetune_encoder import batches  # similar lengths per batch, shuffled
+from probe import PROBES
 from train_heads import taught_label
 
 E5_FILE = ROOT / "models" / "e5" / "e5-small-q4.bin"
@@ -393,6 +394,22 @@ def mhc_sample(n_per_lang=150):
     return out
 
 
+# Asking how to hurt someone is violence; the same question about a process,
+# a fish or a chess game is not. Fine-tuning once taught the encoder that
+# "how do I ..." questions are harmless (eval/ABLATION-real.md, runs 2 and 3),
+# so every check prints how these probes (train/probe.py's) score: watched,
+# never trained on.
+VIOLENCE_PROBES = [(t, c) for t, c in PROBES if t.startswith("How ") or c == "violence"]
+
+
+def probe_gap(heads, x):
+    """Mean violence score of the violent requests and of the look-alikes."""
+    s = score(heads, x)["violence"]
+    bad = [i for i, (_, c) in enumerate(VIOLENCE_PROBES) if c == "violence"]
+    ok = [i for i, (_, c) in enumerate(VIOLENCE_PROBES) if c == ""]
+    return f"{np.mean(s[bad]):.2f}/{np.mean(s[ok]):.2f} (lowest request {np.min(s[bad]):.2f})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -441,6 +458,7 @@ def main():
     fit_idx = list(range(min(args.eval_rows, len(rows))))
     fit_y = y[fit_idx].numpy()
 
+    probe_seqs = tokens([t for t, _ in VIOLENCE_PROBES], "violence_probes")
     model = E5(E5S1(E5_FILE))
     head = torch.nn.Linear(model.word.shape[1], len(HEADS))
 
@@ -455,11 +473,14 @@ def main():
         joint = JointHeads(head)
         jv = validation_figures(joint, vx, val_labels)
         jm, jper = mhc_figures(joint, mx, mhc_langs, mhc_y)
+        px = embed(model, probe_seqs, bf16)
         print(
             f"{tag}: validation any {v['any']:.4f} per-category {v['per_category']:.4f}; "
             f"MHC hate mean {m:.4f} {' '.join(f'{k}:{x:.2f}' for k, x in per.items())}; "
             f"joint head: validation any {jv['any']:.4f} per-category {jv['per_category']:.4f} MHC {jm:.4f} "
-            f"{' '.join(f'{k}:{x:.2f}' for k, x in jper.items())} ({time.time() - t0:.0f} s)",
+            f"{' '.join(f'{k}:{x:.2f}' for k, x in jper.items())}; "
+            f"violence probes (requests / look-alikes): proxy {probe_gap(heads, px)} joint {probe_gap(joint, px)} "
+            f"({time.time() - t0:.0f} s)",
             flush=True,
         )
         return v["any"] + m + jv["any"] + jm
