@@ -112,6 +112,10 @@ E5_LAYERS = int(os.environ["MODERATO_E5_LAYERS"]) if os.environ.get("MODERATO_E5
 # MODERATO_E5_WINDOW=n: heads trained now read e5's scoring windows of n
 # framed tokens (the block's "window"), not the service's default 128.
 E5_WINDOW = int(os.environ["MODERATO_E5_WINDOW"]) if os.environ.get("MODERATO_E5_WINDOW") else None
+# MODERATO_E5_WEIGHTS=finetuned: heads trained now read the fine-tuned e5
+# (models/e5/e5-small-ft-q4.bin, train/finetune_e5.py; the block's
+# "weights"), not the pinned file.
+E5_WEIGHTS = os.environ.get("MODERATO_E5_WEIGHTS") or "pinned"
 
 
 def store_tag() -> str:
@@ -124,12 +128,23 @@ def store_tag() -> str:
     return EMBEDDING_ARITHMETIC + (f"-{extra}" if extra else "")
 
 
-def e5_store(layers, window=None):
-    name = "windows" + (f"-L{layers}" if layers else "") + (f"-W{window}" if window else "") + f"-{store_tag()}"
+def e5_weights_tag(weights) -> str:
+    """Stored embeddings of the fine-tuned e5 are kept apart per file (its
+    sha256's first 12 digits): another fine-tune is another encoder."""
+    if weights == "pinned":
+        return ""
+    if weights != "finetuned":
+        raise ValueError(f"e5 weights {weights!r}: expected 'pinned' or 'finetuned'")
+    path = ROOT / "models" / "e5" / "e5-small-ft-q4.bin"
+    return "-ft" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def e5_store(layers, window=None, weights="pinned"):
+    name = "windows" + (f"-L{layers}" if layers else "") + (f"-W{window}" if window else "") + e5_weights_tag(weights) + f"-{store_tag()}"
     return WORK / "e5" / f"{name}.pkl"
 
 
-def e5_embeddings(texts, label: str = "", layers=None, window=None):
+def e5_embeddings(texts, label: str = "", layers=None, window=None, weights=None):
     """multilingual-e5 embeddings of the raw texts as the service computes
     them (the Rust example `embed_e5`): one normalised row per scoring
     window (a text of up to 128 tokens is one), and the text index of each
@@ -137,8 +152,10 @@ def e5_embeddings(texts, label: str = "", layers=None, window=None):
     train/out/e5/windows.pkl, so only texts never seen are embedded (about
     19 ms a short text on two cores). `layers`: only the first so many of
     e5's layers (all when None), `window`: framed tokens per scoring window
-    (the service's default when None); each stored apart."""
-    path = e5_store(layers, window)
+    (the service's default when None), `weights`: "pinned" or "finetuned"
+    (E5_WEIGHTS when None); each stored apart."""
+    weights = weights or E5_WEIGHTS
+    path = e5_store(layers, window, weights)
     store = pickle.loads(path.read_bytes()) if path.exists() else {}
     missing = list(dict.fromkeys(t for t in texts if _text_key(t) not in store))
     if missing:
@@ -148,7 +165,8 @@ def e5_embeddings(texts, label: str = "", layers=None, window=None):
             with open(jsonl, "w") as f:
                 for t in missing:
                     f.write(json.dumps({"text": t}) + "\n")
-            env = {k: v for k, v in os.environ.items() if k not in ("E5_LAYERS", "E5_WINDOW")}
+            env = {k: v for k, v in os.environ.items() if k not in ("E5_LAYERS", "E5_WINDOW", "E5_WEIGHTS")}
+            env["E5_WEIGHTS"] = weights
             if layers:
                 env["E5_LAYERS"] = str(layers)
             if window:
@@ -371,7 +389,7 @@ def e5_if_needed(heads: dict, texts, label: str = ""):
     """The texts' e5 window embeddings (rows, text index) when `heads` read
     them, else None."""
     block = heads.get("e5")
-    return e5_embeddings(texts, label, block.get("layers"), block.get("window")) if block else None
+    return e5_embeddings(texts, label, block.get("layers"), block.get("window"), block.get("weights", "pinned")) if block else None
 
 
 def e5_logits(block: dict, e5):

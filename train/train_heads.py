@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, e5_window_logits, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WEIGHTS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, e5_window_logits, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -146,7 +146,7 @@ def ml_rows():
     return [r for r in map(json.loads, open(path, encoding="utf-8")) if r["split"] == "train"]
 K_FOLDS = 5  # thresholds are picked on out-of-fold scores of train + calibration
 SEED = 20261123
-REVISION = 19  # the same day's heads differ by this suffix: raise it when they change
+REVISION = 21  # the same day's heads differ by this suffix: raise it when they change
 
 
 def config():
@@ -726,6 +726,8 @@ def fit_e5_block(rows, split, pool):
         block["layers"] = E5_LAYERS
     if E5_WINDOW:
         block["window"] = E5_WINDOW
+    if E5_WEIGHTS != "pinned":
+        block["weights"] = E5_WEIGHTS
     return block, Z
 
 

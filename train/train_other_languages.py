@@ -32,7 +32,7 @@ SEED = 20261129
 ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1"))
 N_ENGLISH = int(os.environ.get("MODERATO_ML_ENGLISH", "6000"))
 C = float(os.environ.get("MODERATO_ML_C", "0.01"))
-VERSION = os.environ.get("MODERATO_ML_VERSION", "2026-11-29.20")
+VERSION = os.environ.get("MODERATO_ML_VERSION", "2026-11-29.21")
 
 
 def load(path, split):
