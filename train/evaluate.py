@@ -145,7 +145,7 @@ def main():
 
     OUT.mkdir(exist_ok=True)
     lines = [
-        "# Text model evaluation" + (": the second stage" if heads.get("e5") else ""),
+        "# Text model evaluation" + (": the default, accurate path" if heads.get("e5") else ""),
         "",
         f"Heads `{heads['version']}` (input: {heads['input']}, chunks of up to {heads['window']['tokens']} tokens, long sentences in windows {heads['window']['stride']} apart{second_stage_words(heads)}), "
         "compared with alt-profanity-check 1.9.1 (`predict_prob`) on the same texts. "
