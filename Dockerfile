@@ -39,10 +39,15 @@ RUN cargo build --release --locked --bin moderato \
 # accurate path reads the fine-tuned one, heads fitted on the other may name it.
 RUN MODERATO_MODELS_DIR=/out/models scripts/setup.sh && rm -rf /out/models/ppocr/source
 
-# The binary and models built on the host (.dockerignore lets only these two
-# out of target/ and models/ into the context, ppocr/source/ left out).
+# The binary and models built on the host (.dockerignore lets only the two
+# binaries out of target/ and models/ into the context, ppocr/source/ left out).
 FROM ${RUNTIME_IMAGE} AS prebuilt
-COPY target/release/moderato /out/moderato
+# CI passes target/debug/moderato, the binary its test build already made
+# (scripts/ci-image.sh, MODERATO_IMAGE_BINARY=debug): the image's checks are
+# of the container, and a second, release build of every dependency cost CI
+# ten minutes of its fifty.
+ARG PREBUILT_BINARY=target/release/moderato
+COPY ${PREBUILT_BINARY} /out/moderato
 COPY models /out/models
 
 FROM ${ARTIFACTS} AS artifacts

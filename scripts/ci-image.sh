@@ -7,12 +7,13 @@
 # Made for this CI machine: Docker Hub is not reachable, so the Debian base
 # image is made with debootstrap from the mirror apt uses, and no Rust
 # toolchain image is either, so the Dockerfile's `prebuilt` stage takes the
-# host's release binary and models (ARTIFACTS=prebuilt; users get the
-# compiling stage by default). Podman runs with the cgroupfs manager, the
+# host's binary and models (ARTIFACTS=prebuilt; users get the compiling
+# stage by default). Podman runs with the cgroupfs manager, the
 # vfs storage driver, runc, the host network and explicit ulimits: what
 # this sandbox allows (crun and raised limits are refused).
 #
-# Usage: scripts/ci-image.sh   (root; PostgreSQL and Redis on 127.0.0.1)
+# Usage: [MODERATO_IMAGE_BINARY=release|debug] scripts/ci-image.sh
+#        (root; PostgreSQL and Redis on 127.0.0.1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -49,11 +50,20 @@ if ! podman image exists "$BASE_IMAGE"; then
   echo "base image $BASE_IMAGE made with debootstrap in $((SECONDS - base_started)) s"
 fi
 
-# The release binary (reuses target/ when present) and the models.
+# The binary (reuses target/ when present) and the models. Release by
+# default, as users build it; MODERATO_IMAGE_BINARY=debug takes the dev
+# profile's binary instead, which .ci/run's test build has just made (its
+# dependencies are optimised as in release, our own crate is not): what is
+# checked here is the container, and a cold release build of every
+# dependency would add ten minutes to CI on 2 cores.
 build_started=$SECONDS
-cargo build --release --locked --bin moderato
+case "${MODERATO_IMAGE_BINARY:-release}" in
+  release) cargo build --release --locked --bin moderato; binary=target/release/moderato ;;
+  debug) cargo build --locked --bin moderato; binary=target/debug/moderato ;;
+  *) echo "MODERATO_IMAGE_BINARY must be release or debug" >&2; exit 2 ;;
+esac
 scripts/setup.sh >/dev/null
-echo "release binary in $((SECONDS - build_started)) s"
+echo "$binary in $((SECONDS - build_started)) s"
 
 IMAGE=localhost/moderato:ci
 image_started=$SECONDS
@@ -66,6 +76,7 @@ image_started=$SECONDS
 podman rmi --force "$IMAGE" >/dev/null 2>&1 || true
 podman build --quiet --layers=false --format docker --network host \
   --build-arg ARTIFACTS=prebuilt \
+  --build-arg PREBUILT_BINARY="$binary" \
   --build-arg BUILD_IMAGE="$BASE_IMAGE" \
   --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
   -t "$IMAGE" . >/dev/null || podman image exists "$IMAGE"
