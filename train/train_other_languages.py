@@ -1,8 +1,9 @@
 """The second stage's heads for other languages: per category a logistic
 regression on multilingual-e5's embedding (the text's mean window, as the
 served block's "mean" pool reads it), fitted on the multilingual rows
-labelled by our definitions (prepare.py's dataset_ml.jsonl, "train" split)
-beside a sample of the English training rows (so that categories the
+labelled by our definitions and the rows written in each language
+(prepare.py's dataset_ml.jsonl, "train" split) beside a sample of the
+English training rows (so that categories the
 multilingual sources hardly hold, self-harm and sexual, are still taught
 and carried across languages by the encoder).
 
@@ -37,7 +38,7 @@ ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1"))
 # (eval/ABLATION-real.md).
 N_ENGLISH = int(os.environ.get("MODERATO_ML_ENGLISH", "10000"))
 C = float(os.environ.get("MODERATO_ML_C", "0.01"))
-VERSION = os.environ.get("MODERATO_ML_VERSION", "2026-11-29.21")
+VERSION = os.environ.get("MODERATO_ML_VERSION", "2026-11-29.22")
 
 
 def load(path, split):
