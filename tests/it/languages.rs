@@ -1,8 +1,7 @@
 //! Moderation beyond English (issue #56), over HTTP on the default (accurate)
 //! path: a hateful and a harmless sentence in six scripts, each result
-//! naming its language, the hateful one flagged for hate (but Arabic: see
-//! [`SCORED_NOT_FLAGGED`]), the harmless one not flagged; and explanations
-//! whose offsets fall on the text as sent.
+//! naming its language, the hateful one flagged for hate, the harmless one
+//! not flagged; and explanations whose offsets fall on the text as sent.
 
 use serde_json::{json, Value};
 
@@ -49,17 +48,6 @@ const PAIRS: [(&str, &str, &str); 7] = [
     ),
 ];
 
-/// Languages whose hateful sentence above is ranked high for hate but not
-/// flagged, a known weakness said in the model card: since heads .21 the
-/// Arabic one scores 0.63 against the hate threshold of 0.67 (0.83 against
-/// 0.62 in .20), while on Multilingual HateCheck's Arabic validation cases
-/// .21 flags more hateful cases than .20 did (16 % against 11 %, at 7 % of
-/// the non-hateful against 3 %). The test still holds it to a hate score
-/// far above its harmless twin's, and names the language.
-const SCORED_NOT_FLAGGED: [&str; 1] = ["ar"];
-/// The least hate score a hateful sentence of [`SCORED_NOT_FLAGGED`] gets.
-const HIGH_HATE_SCORE: f64 = 0.5;
-
 async fn hate_is_flagged_in_six_scripts_and_harmless_text_is_not(backend: Backend) {
     let app = spawn_app(backend).await;
     let (_, key) = app.create_key(Tier::Pro, None).await;
@@ -68,16 +56,10 @@ async fn hate_is_flagged_in_six_scripts_and_harmless_text_is_not(backend: Backen
         let (status, _, body) = parts(app.moderate(&key, &json!({"input": input})).await).await;
         assert_eq!(status, 200, "{body}");
         let (hate, calm) = (&body["results"][0], &body["results"][1]);
-        if SCORED_NOT_FLAGGED.contains(&language) {
-            let score = |r: &Value| r["category_scores"]["hate"].as_f64().unwrap();
-            assert!(score(hate) >= HIGH_HATE_SCORE, "{language}: {hate}");
-            assert!(
-                score(hate) > 20.0 * score(calm),
-                "{language}: {hate} {calm}"
-            );
-        } else {
-            assert_eq!(hate["categories"]["hate"], true, "{language}: {hate}");
-        }
+        // Arabic's was only scored high (0.63 against the hate threshold of
+        // 0.67) by heads .21; since .22, with rows written in each language,
+        // it is flagged (0.68).
+        assert_eq!(hate["categories"]["hate"], true, "{language}: {hate}");
         assert_eq!(calm["flagged"], false, "{language}: {calm}");
         assert_eq!(hate["language"], language, "{hate}");
         assert!(
