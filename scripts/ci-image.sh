@@ -51,15 +51,18 @@ if ! podman image exists "$BASE_IMAGE"; then
 fi
 
 # The binary (reuses target/ when present) and the models. Release by
-# default, as users build it; MODERATO_IMAGE_BINARY=debug takes the dev
-# profile's binary instead, which .ci/run's test build has just made (its
-# dependencies are optimised as in release, our own crate is not): what is
-# checked here is the container, and a cold release build of every
-# dependency would add ten minutes to CI on 2 cores.
+# default, as users build it; MODERATO_IMAGE_BINARY=debug takes the debug
+# binary that .ci/run's test build has just made (its dependencies are
+# optimised as in release, our own crate is not): what is checked here is
+# the container, and a cold release build of every dependency would add ten
+# minutes to CI on 2 cores. It is asked for as the test build made it
+# (`cargo test --all-targets --no-run`, a no-op after that build): a plain
+# `cargo build --bin` resolves the dependencies' features without the
+# dev-dependencies', so it compiled every dependency again.
 build_started=$SECONDS
 case "${MODERATO_IMAGE_BINARY:-release}" in
   release) cargo build --release --locked --bin moderato; binary=target/release/moderato ;;
-  debug) cargo build --locked --bin moderato; binary=target/debug/moderato ;;
+  debug) cargo test --workspace --all-targets --locked --no-run; binary=target/debug/moderato ;;
   *) echo "MODERATO_IMAGE_BINARY must be release or debug" >&2; exit 2 ;;
 esac
 scripts/setup.sh >/dev/null
