@@ -132,9 +132,9 @@ def multilingual():
     # HateCheck; a short sentence can still equal one of its validation cases.
     seen |= banned_keys()
     if os.environ.get("MODERATO_TRANSLATED") == "1":
-        out += translated(seen, key)
+        out += own_rows(seen, key)
     if os.environ.get("MODERATO_WRITTEN_ML", "1") == "1":
-        out += translated(seen, key, WRITTEN_ML, "wr")
+        out += own_rows(seen, key, WRITTEN_ML, "wr")
     by_group = defaultdict(list)
     for r in out:
         positives = tuple(sorted(h for h, v in r["labels"].items() if v == 1))
@@ -169,7 +169,7 @@ TRANSLATED = ROOT / "train" / "data" / "translated"
 WRITTEN_ML = ROOT / "train" / "data" / "written_ml"
 
 
-def translated(seen, key, folder=TRANSLATED, prefix="tr"):
+def own_rows(seen, key, folder=TRANSLATED, prefix="tr"):
     out = []
     for path in sorted(folder.glob("*.jsonl")) if folder.exists() else []:
         for line in open(path, encoding="utf-8"):
