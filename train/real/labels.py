@@ -215,11 +215,20 @@ if __name__ == "__main__" and sys.argv[1] in ("agreement", "disputed", "merge"):
         undecided = [r for r in rows if "undecided" in r["labels"].values()]
         name = "real_labels_multilingual.jsonl" if ML else "real_labels.jsonl"
         out = Path(__file__).resolve().parent.parent / "data" / name
+        # train/out is not committed: a new machine holds only this session's
+        # passes, so the file's labels for other texts are kept as they are.
+        earlier = [json.loads(line) for line in open(out, encoding="utf-8")] if out.exists() else []
+        now = {r["id"] for r in rows if r not in undecided}
+        kept = [e for e in earlier if e["id"] not in now]
+        new = []
+        for r in rows:
+            if r in undecided:
+                continue
+            source = r["id"].split(":")[0]
+            new.append({"id": r["id"], "source": source, "licence": LICENCES[source],
+                        "passes": r["passes"], "labels": r["labels"]})
         with open(out, "w", encoding="utf-8") as f:
-            for r in sorted(rows, key=lambda r: r["id"]):
-                if r in undecided:
-                    continue
-                source = r["id"].split(":")[0]
-                f.write(json.dumps({"id": r["id"], "source": source, "licence": LICENCES[source],
-                                    "passes": r["passes"], "labels": r["labels"]}, separators=(",", ":")) + "\n")
-        print(f"wrote {len(rows) - len(undecided)} labelled texts to {out}; {len(undecided)} wait for a third pass")
+            for r in sorted(kept + new, key=lambda r: r["id"]):
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        print(f"wrote {len(kept) + len(new)} labelled texts to {out} ({len(kept)} kept from earlier passes); "
+              f"{len(undecided)} wait for a third pass")
