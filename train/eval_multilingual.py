@@ -4,13 +4,18 @@ first stage, language check, second stage), per language: hate AUPRC,
 hateful cases flagged and non-hateful cases flagged at the heads'
 thresholds (flagged: any category, as a response's `flagged`).
 
-Usage: python eval_multilingual.py [HEADS.json ...] [--sample N]
+Usage: python eval_multilingual.py [HEADS.json ...] [--sample N] [--real]
   --sample N: N cases a language (seeded), for choosing between candidates
   quickly; without it every case (18,389). Scores are cached per heads file
-  and text under train/out/ml_scores/."""
+  and text under train/out/ml_scores/.
+  --real: also the held-out real texts in other languages labelled by our
+  definitions (prepare.py's dataset_ml.jsonl, "test" rows of "ml:" sources;
+  never fitted on): per language hate AUPRC, harmful texts flagged (any
+  head positive) and clean texts flagged (every head 0)."""
 
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -88,8 +93,48 @@ def report(heads_path: Path, rows):
     return heads["version"], out
 
 
+def real_rows():
+    path = WORK / "dataset_ml.jsonl"
+    if not path.exists():
+        sys.exit("train/out/dataset_ml.jsonl is missing: run prepare.py")
+    rows = [r for r in map(json.loads, open(path, encoding="utf-8"))
+            if r["split"] == "test" and r["source"].startswith("ml:")]
+    # MODERATO_HELDOUT_ALSO=an earlier dataset_ml.jsonl: only the texts held
+    # out in both, so that heads fitted on that one's rows are compared on
+    # texts neither saw (prepare.py's split moves when rows are added).
+    earlier = os.environ.get("MODERATO_HELDOUT_ALSO")
+    if earlier:
+        held = {r["text"] for r in map(json.loads, open(earlier, encoding="utf-8")) if r["split"] == "test"}
+        rows = [r for r in rows if r["text"] in held]
+    return rows
+
+
+def real_report(heads_path: Path, rows):
+    """Held-out real rows: per language (and all) hate AUPRC, harmful and
+    clean texts flagged at the heads' thresholds."""
+    heads = json.loads(heads_path.read_text())
+    thr = np.array([heads["thresholds"][c] for c in CATEGORIES])
+    S, _ = scores(heads_path, [r["text"] for r in rows])
+    flagged = decide(S, thr, heads.get("parents", [])).any(axis=1)
+    hate = S[:, CATEGORIES.index("hate")]
+    y_hate = np.array([r["labels"].get("hate") == 1 for r in rows])
+    harmful = np.array([any(v == 1 for k, v in r["labels"].items() if k != "minor") for r in rows])
+    clean = np.array([all(v == 0 for k, v in r["labels"].items() if k != "minor") for r in rows])
+    print(f"## {heads_path.name} ({heads['version']}), {len(rows)} held-out real texts\n")
+    print("| language | n | hate AUPRC | harmful flagged | clean flagged |")
+    print("|---|---|---|---|---|")
+    for lang in sorted({r["lang"] for r in rows}) + ["all"]:
+        m = np.array([lang == "all" or r["lang"] == lang for r in rows])
+        ap = average_precision_score(y_hate[m], hate[m]) if y_hate[m].any() else float("nan")
+        print(f"| {lang} | {int(m.sum())} | {ap:.3f} | {flagged[m & harmful].mean():.1%} | {flagged[m & clean].mean():.1%} |")
+    print()
+
+
 def main():
     args = sys.argv[1:]
+    real = "--real" in args
+    if real:
+        args.remove("--real")
     sample = None
     if "--sample" in args:
         i = args.index("--sample")
@@ -112,6 +157,8 @@ def main():
               f"{mean['non_hateful_flagged']:.1%} | | |\n")
         (WORK / "ml_reports").mkdir(parents=True, exist_ok=True)
         (WORK / "ml_reports" / f"{path.stem}-{sample or 'all'}.json").write_text(json.dumps(out, indent=1))
+        if real:
+            real_report(path, real_rows())
 
 
 if __name__ == "__main__":
