@@ -128,6 +128,17 @@ E5_HIDDEN_EPOCHS = 30
 # rows) teach the e5 heads beside the English rows; MODERATO_ML=0 leaves
 # them out, MODERATO_ML_WEIGHT weighs each against an English row. They
 # never reach the first stage, its thresholds' pool or the n-gram model.
+# MODERATO_E5_STACK=1: the e5 heads learn what the first stage's score
+# leaves unexplained. Each is fitted as a logistic regression whose logit
+# starts from the served mix's first-stage term, (1 - weight) * logit(first
+# stage), with the first stage's out-of-fold composed score of each row, on
+# the rows whose strongest first-stage score reaches the gate (the only ones
+# the mix reads); its weights are divided by `weight` so that the served
+# mix, unchanged, computes the fitted logit (issue #54: "the first stage's
+# score as an input"). The rows in other languages have no first-stage
+# score and are left out (their texts are judged by the heads for other
+# languages). Off: each head is fitted on e5 alone, as in .21.
+E5_STACK = os.environ.get("MODERATO_E5_STACK", "0") == "1"
 USE_ML = os.environ.get("MODERATO_ML", "1") == "1"
 ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1.0"))
 # How the served block scores a text surely not in English (Rust
@@ -653,13 +664,14 @@ def thresholds_on_validation(out, oof_thresholds, P_pool, safe, pool_labels):
                    "safe_prompt_budget": budget}
 
 
-def fit_e5_block(rows, split, pool):
+def fit_e5_block(rows, split, pool, P=None):
     """The e5 block of heads.json, and the e5 logits (CATEGORIES columns,
     NaN where no head) of the pool rows as unseen as the first stage's
     scores there: out of fold (by text) for training rows, the final
     regressions for calibration rows. Fitted on each text's mean window
     embedding; scored as served (E5_POOL). Standardisation
-    is folded into w, b."""
+    is folded into w, b. `P`: the first stage's unseen composed scores of
+    the pool rows (CATEGORIES columns), which E5_STACK fits on."""
     vecs, idx = e5_embeddings([r["text"] for r in rows], "train rows", E5_LAYERS, E5_WINDOW)
     E = e5_text_means(vecs, idx, len(rows))
     train = split == "train"
@@ -668,7 +680,15 @@ def fit_e5_block(rows, split, pool):
     # The other languages' rows join every fit (final and per fold) with
     # their own weight; the English statistics standardise them, so English
     # texts read as they did.
-    extra = ml_rows()
+    extra = [] if E5_STACK else ml_rows()
+    offset = np.zeros((len(rows), len(CATEGORIES)))
+    read_again = np.zeros(len(rows), dtype=bool)
+    if E5_STACK:
+        p = np.clip(np.asarray(P, dtype=np.float64), 1e-6, 1 - 1e-6)
+        offset[pool] = (1 - E5_WEIGHT) * np.log(p / (1 - p))
+        read_again[pool] = p.max(axis=1) >= E5_GATE
+        print(f"train: e5 heads stacked on the first stage, {int((read_again & train).sum())} training rows "
+              "reach the gate", file=sys.stderr)
     if extra:
         mv, mi = e5_embeddings([r["text"] for r in extra], "multilingual rows", E5_LAYERS, E5_WINDOW)
         Zx = (e5_text_means(mv, mi, len(extra)) - mu) / sd
@@ -698,11 +718,13 @@ def fit_e5_block(rows, split, pool):
         if c not in E5_CATEGORIES:
             continue
         y = head_labels(rows, c)
-        fit = train & ~np.isnan(y)
+        fit = train & ~np.isnan(y) & (read_again if E5_STACK else True)
         yx = head_labels(extra, c) if extra else np.zeros(0)
         known = ~np.isnan(yx)
 
         def fitted(mask):
+            if E5_STACK:
+                return e5_head_stacked(Zs[mask], y[mask].astype(int), offset[mask, i], mu, sd)
             if not extra:
                 return e5_head(Zs[mask], y[mask].astype(int), mu, sd, c in E5_HIDDEN)
             Zf = np.vstack([Zs[mask], Zx[known]])
@@ -749,6 +771,27 @@ def e5_head(Zs, y, mu, sd, hidden, weight=None):
     b1 = net.intercepts_[0] - (mu / sd) @ net.coefs_[0]
     return {"w": [0.0] * len(mu), "b": float(net.intercepts_[1][0]),
             "hidden": {"w": W1.T.tolist(), "b": b1.tolist(), "out": net.coefs_[1][:, 0].tolist()}}
+
+
+def e5_head_stacked(Zs, y, offset, mu, sd):
+    """An e5 head fitted with a fixed `offset` added to its logit (L2 as
+    LogisticRegression's, C = E5_C), returned as the served mix reads it:
+    divided by E5_WEIGHT, standardisation folded in."""
+    from scipy.optimize import minimize
+    from scipy.special import expit
+
+    sign = 2.0 * y - 1.0
+    d = Zs.shape[1]
+
+    def objective(theta):
+        margin = -sign * (Zs @ theta[:d] + theta[d] + offset)
+        g = -sign * expit(margin) * E5_C
+        value = 0.5 * theta[:d] @ theta[:d] + E5_C * np.logaddexp(0.0, margin).sum()
+        return value, np.concatenate([theta[:d] + Zs.T @ g, [g.sum()]])
+
+    theta = minimize(objective, np.zeros(d + 1), jac=True, method="L-BFGS-B", options={"maxiter": 3000}).x
+    w = theta[:d] / sd / E5_WEIGHT
+    return {"w": w.tolist(), "b": float(theta[d] / E5_WEIGHT - w @ mu)}
 
 
 def kept(e5_heads):
@@ -813,7 +856,7 @@ def main():
     P = compose(in_category_order(pooled_scores))
     Z = None
     if USE_E5:
-        out["e5"], Z = fit_e5_block(rows, split, pool)
+        out["e5"], Z = fit_e5_block(rows, split, pool, P)
     harms = [c for c in CATEGORIES if c != "sexual/minors"]
     labels = np.array([[np.nan if c == "sexual/minors" else taught_label(rows[j], c) for c in CATEGORIES]
                        for j in pool], dtype=float)
