@@ -67,13 +67,18 @@ def scores(heads_path: Path, texts):
     return S, [cache[t][1] for t in texts]
 
 
-def report(heads_path: Path, rows):
+def served(heads_path: Path, texts):
+    """Per text: flagged (any category, as served), the hate score, and the
+    language named; and the heads' version."""
     heads = json.loads(heads_path.read_text())
     thr = np.array([heads["thresholds"][c] for c in CATEGORIES])
-    texts = [r["text"] for r in rows]
     S, langs = scores(heads_path, texts)
     flagged = decide(S, thr, heads.get("parents", [])).any(axis=1)
-    hate = S[:, CATEGORIES.index("hate")]
+    return flagged, S[:, CATEGORIES.index("hate")], langs, heads["version"]
+
+
+def report(heads_path: Path, rows):
+    flagged, hate, langs, version = served(heads_path, [r["text"] for r in rows])
     y = np.array([r["label"] == "hateful" for r in rows])
     out = {}
     for lang in sorted({r["lang"] for r in rows}) + ["all"]:
@@ -90,7 +95,7 @@ def report(heads_path: Path, rows):
     langs_only = [k for k in out if k != "all"]
     out["mean"] = {k: round(float(np.mean([out[l][k] for l in langs_only])), 3)
                    for k in ("hate_auprc", "hateful_flagged", "non_hateful_flagged")}
-    return heads["version"], out
+    return version, out
 
 
 def real_rows():
@@ -112,15 +117,11 @@ def real_rows():
 def real_report(heads_path: Path, rows):
     """Held-out real rows: per language (and all) hate AUPRC, harmful and
     clean texts flagged at the heads' thresholds."""
-    heads = json.loads(heads_path.read_text())
-    thr = np.array([heads["thresholds"][c] for c in CATEGORIES])
-    S, _ = scores(heads_path, [r["text"] for r in rows])
-    flagged = decide(S, thr, heads.get("parents", [])).any(axis=1)
-    hate = S[:, CATEGORIES.index("hate")]
+    flagged, hate, _, version = served(heads_path, [r["text"] for r in rows])
     y_hate = np.array([r["labels"].get("hate") == 1 for r in rows])
     harmful = np.array([any(v == 1 for k, v in r["labels"].items() if k != "minor") for r in rows])
     clean = np.array([all(v == 0 for k, v in r["labels"].items() if k != "minor") for r in rows])
-    print(f"## {heads_path.name} ({heads['version']}), {len(rows)} held-out real texts\n")
+    print(f"## {heads_path.name} ({version}), {len(rows)} held-out real texts\n")
     print("| language | n | hate AUPRC | harmful flagged | clean flagged |")
     print("|---|---|---|---|---|")
     for lang in sorted({r["lang"] for r in rows}) + ["all"]:

@@ -26,7 +26,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from common import CATEGORIES, DIM, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WEIGHTS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, e5_window_logits, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
+from common import CATEGORIES, DIM, LOGIT_CLIP, HEADS, HEADS_PATH, SECOND_STAGE_HEADS_PATH, E5_LAYERS, E5_WEIGHTS, E5_WINDOW, NGRAM_FEATURE_SCALE, TERM_LIST_DIM, ngram_model_sha256, hidden_logit, PARENTS, WORK, apply_heads, compose, decide, e5_embeddings, e5_if_needed, e5_text_means, e5_window_logits, second_stage, dedup_key, embed_texts, heads_template, lexical_features, text_level_mean, FOLDS_BY_TEXT, stable_folds, with_adapter
 import eval_sets
 
 INPUT = "raw"  # the form the heads are trained on
@@ -128,6 +128,8 @@ E5_HIDDEN_EPOCHS = 30
 # rows) teach the e5 heads beside the English rows; MODERATO_ML=0 leaves
 # them out, MODERATO_ML_WEIGHT weighs each against an English row. They
 # never reach the first stage, its thresholds' pool or the n-gram model.
+USE_ML = os.environ.get("MODERATO_ML", "1") == "1"
+ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1.0"))
 # MODERATO_E5_STACK=1: the e5 heads learn what the first stage's score
 # leaves unexplained. Each is fitted as a logistic regression whose logit
 # starts from the served mix's first-stage term, (1 - weight) * logit(first
@@ -139,8 +141,6 @@ E5_HIDDEN_EPOCHS = 30
 # score and are left out (their texts are judged by the heads for other
 # languages). Off: each head is fitted on e5 alone, as in .21.
 E5_STACK = os.environ.get("MODERATO_E5_STACK", "0") == "1"
-USE_ML = os.environ.get("MODERATO_ML", "1") == "1"
-ML_WEIGHT = float(os.environ.get("MODERATO_ML_WEIGHT", "1.0"))
 # How the served block scores a text surely not in English (Rust
 # OtherLanguages): "mix" with the first stage as English is, or the e5 heads
 # "alone". Chosen on Multilingual HateCheck's validation half
@@ -682,9 +682,10 @@ def fit_e5_block(rows, split, pool, P=None):
     # texts read as they did.
     extra = [] if E5_STACK else ml_rows()
     offset = np.zeros((len(rows), len(CATEGORIES)))
-    read_again = np.zeros(len(rows), dtype=bool)
+    read_again = np.ones(len(rows), dtype=bool)  # the rows a head is fitted on
     if E5_STACK:
-        p = np.clip(np.asarray(P, dtype=np.float64), 1e-6, 1 - 1e-6)
+        p = np.clip(np.asarray(P, dtype=np.float64), LOGIT_CLIP, 1 - LOGIT_CLIP)
+        read_again[:] = False
         offset[pool] = (1 - E5_WEIGHT) * np.log(p / (1 - p))
         read_again[pool] = p.max(axis=1) >= E5_GATE
         print(f"train: e5 heads stacked on the first stage, {int((read_again & train).sum())} training rows "
@@ -718,7 +719,7 @@ def fit_e5_block(rows, split, pool, P=None):
         if c not in E5_CATEGORIES:
             continue
         y = head_labels(rows, c)
-        fit = train & ~np.isnan(y) & (read_again if E5_STACK else True)
+        fit = train & ~np.isnan(y) & read_again
         yx = head_labels(extra, c) if extra else np.zeros(0)
         known = ~np.isnan(yx)
 

@@ -217,16 +217,11 @@ if __name__ == "__main__" and sys.argv[1] in ("agreement", "disputed", "merge"):
         out = Path(__file__).resolve().parent.parent / "data" / name
         # train/out is not committed: a new machine holds only this session's
         # passes, so the file's labels for other texts are kept as they are.
+        new = [{"id": r["id"], "source": r["id"].split(":")[0], "licence": LICENCES[r["id"].split(":")[0]],
+                "passes": r["passes"], "labels": r["labels"]} for r in rows if r not in undecided]
         earlier = [json.loads(line) for line in open(out, encoding="utf-8")] if out.exists() else []
-        now = {r["id"] for r in rows if r not in undecided}
+        now = {r["id"] for r in new}
         kept = [e for e in earlier if e["id"] not in now]
-        new = []
-        for r in rows:
-            if r in undecided:
-                continue
-            source = r["id"].split(":")[0]
-            new.append({"id": r["id"], "source": source, "licence": LICENCES[source],
-                        "passes": r["passes"], "labels": r["labels"]})
         with open(out, "w", encoding="utf-8") as f:
             for r in sorted(kept + new, key=lambda r: r["id"]):
                 f.write(json.dumps(r, separators=(",", ":")) + "\n")
