@@ -50,11 +50,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import CATEGORIES, HEADS, LOGIT_CLIP, ROOT, WORK, examples_dir
+from common import CATEGORIES, HEADS, ROOT, WORK, examples_dir
 import eval_sets
 from finetune_encoder import batches  # similar lengths per batch, shuffled
 from probe import PROBES
-from train_heads import E5_WEIGHT, taught_label
+from train_heads import first_stage_term, taught_label
 
 E5_FILE = ROOT / "models" / "e5" / "e5-small-q4.bin"
 WINDOW = 128
@@ -425,8 +425,7 @@ def first_stage_offsets(rows):
     pool = [r["text"] for r in kept if r["split"] in ("train", "calib")]
     if len(pool) != len(P):
         raise SystemExit("finetune_e5: train/out/fitted.pkl is not from this dataset.jsonl; run train_heads.py first")
-    p = np.clip(np.asarray(P, dtype=np.float64), LOGIT_CLIP, 1 - LOGIT_CLIP)
-    by_text = dict(zip(pool, (1 - E5_WEIGHT) * np.log(p / (1 - p))))
+    by_text = dict(zip(pool, first_stage_term(P)))
     cols = [CATEGORIES.index("sexual/minors" if h == "minor" else h) for h in HEADS]
     out = np.zeros((len(rows), len(HEADS)), dtype=np.float32)
     for i, r in enumerate(rows):
@@ -463,8 +462,6 @@ def main():
 
     rows = [json.loads(line) for line in open(WORK / "dataset.jsonl")]
     rows = [r for r in rows if r["split"] == "train"]
-    for r in rows:
-        r["_w"] = 1.0
     if not args.no_ml:
         ml = [json.loads(line) for line in open(WORK / "dataset_ml.jsonl")]
         rows += [{**r, "_w": args.ml_weight} for r in ml if r["split"] == "train"]
@@ -478,7 +475,7 @@ def main():
     # A row's weight multiplies its known labels' losses: the multilingual
     # rows are a tenth of the English ones, and the heads for other
     # languages weigh them 2 for the same reason.
-    row_weight = torch.tensor([r["_w"] for r in rows], dtype=torch.float)
+    row_weight = torch.tensor([r.get("_w", 1.0) for r in rows], dtype=torch.float)
     pos = ((y == 1) & known).sum(0).float()
     neg = ((y == 0) & known).sum(0).float()
     pos_weight = (neg / pos.clamp(min=1)).sqrt()
@@ -557,7 +554,7 @@ def main():
                 logits = head(model(ids, mask).float() * 10)
             logits = logits.float() + offset[idx]
             yy, kk = y[idx], known[idx] * row_weight[idx, None]
-            loss = F.binary_cross_entropy_with_logits(logits.float(), yy.clamp(min=0), pos_weight=pos_weight, reduction="none")
+            loss = F.binary_cross_entropy_with_logits(logits, yy.clamp(min=0), pos_weight=pos_weight, reduction="none")
             loss = (loss * kk).sum() / kk.sum().clamp(min=1e-6)
             opt.zero_grad()
             loss.backward()

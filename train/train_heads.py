@@ -684,10 +684,9 @@ def fit_e5_block(rows, split, pool, P=None):
     offset = np.zeros((len(rows), len(CATEGORIES)))
     read_again = np.ones(len(rows), dtype=bool)  # the rows a head is fitted on
     if E5_STACK:
-        p = np.clip(np.asarray(P, dtype=np.float64), LOGIT_CLIP, 1 - LOGIT_CLIP)
         read_again[:] = False
-        offset[pool] = (1 - E5_WEIGHT) * np.log(p / (1 - p))
-        read_again[pool] = p.max(axis=1) >= E5_GATE
+        offset[pool] = first_stage_term(P)
+        read_again[pool] = np.asarray(P).max(axis=1) >= E5_GATE
         print(f"train: e5 heads stacked on the first stage, {int((read_again & train).sum())} training rows "
               "reach the gate", file=sys.stderr)
     if extra:
@@ -772,6 +771,14 @@ def e5_head(Zs, y, mu, sd, hidden, weight=None):
     b1 = net.intercepts_[0] - (mu / sd) @ net.coefs_[0]
     return {"w": [0.0] * len(mu), "b": float(net.intercepts_[1][0]),
             "hidden": {"w": W1.T.tolist(), "b": b1.tolist(), "out": net.coefs_[1][:, 0].tolist()}}
+
+
+def first_stage_term(P):
+    """The served mix's first-stage term, (1 - weight) * logit(P), of
+    first-stage probabilities `P` (what a stacked e5 head, or a stacked
+    fine-tune, starts its logit from)."""
+    p = np.clip(np.asarray(P, dtype=np.float64), LOGIT_CLIP, 1 - LOGIT_CLIP)
+    return (1 - E5_WEIGHT) * np.log(p / (1 - p))
 
 
 def e5_head_stacked(Zs, y, offset, mu, sd):
