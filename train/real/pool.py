@@ -4,7 +4,8 @@ train/data/real_labels.jsonl name each text by a stable id, and training joins
 them back to the text here).
 
 Ids: convabuse:{split}:{example_id}, toxic_spans:{comment_id},
-davidson:{row}, hh:{line} (the first human turn of harmless-base_test line N).
+davidson:{row}, hh:{line} (the first human turn of harmless-base_test line N),
+hhturn:{line}:{k} (its k-th human turn, k >= 1).
 
 `python pool.py batches SOURCE SIZE` writes unlabelled batches to
 train/out/labelling/batches/ for the labelling passes (text and, for chat
@@ -27,6 +28,7 @@ LICENCES = {
     "toxic_spans": "CC0-1.0",
     "davidson": "MIT",
     "hh": "MIT",
+    "hhturn": "MIT",
 }
 SEED = 20261125
 
@@ -63,7 +65,31 @@ def hh():
                 yield f"hh:{i}", m.group(1), []
 
 
-SOURCES = {"convabuse": convabuse, "toxic_spans": toxic_spans, "davidson": davidson, "hh": hh}
+ASSISTANT = re.compile(r"\n\n(Human|Assistant): (.*?)(?=\n\n(?:Human|Assistant):|\Z)", re.S)
+# How much of a conversation a later turn's labeller sees: enough to tell what
+# "yes, do it" answers, not the whole red-team dialogue.
+CONTEXT_TURNS, CONTEXT_CHARS = 4, 400
+
+
+def hh_turns():
+    """The second and later human turns of harmless-base_test: red-team requests
+    that escalate (violence, self-harm, harassment), the weak heads of #54.
+    Id hhturn:{line}:{k}, k the human turn's index from 0; the earlier turns
+    (shortened) are the context."""
+    with gzip.open(TRAIN / "hh_rlhf" / "harmless-base_test.jsonl.gz", "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            turns = [(who, t.strip()) for who, t in ASSISTANT.findall(json.loads(line)["chosen"])]
+            k = 0
+            for n, (who, text) in enumerate(turns):
+                if who != "Human":
+                    continue
+                if k > 0:
+                    context = [("user" if w == "Human" else "bot", t[:CONTEXT_CHARS]) for w, t in turns[:n]]
+                    yield f"hhturn:{i}:{k}", text, context[-CONTEXT_TURNS:]
+                k += 1
+
+
+SOURCES = {"convabuse": convabuse, "toxic_spans": toxic_spans, "davidson": davidson, "hh": hh, "hhturn": hh_turns}
 
 
 def validation_keys():
@@ -90,7 +116,10 @@ def all_texts():
 
 
 def write_batches(source, size, limit=None):
-    rows = list(texts(source))
+    # A text another source already holds is labelled there (prepare.py keeps
+    # one copy), so it is not labelled twice.
+    others = {dedup_key(t) for s in SOURCES if s != source for _, t, _ in texts(s)}
+    rows = [r for r in texts(source) if dedup_key(r[1]) not in others]
     random.Random(SEED).shuffle(rows)
     if limit:
         rows = rows[:limit]
