@@ -7,7 +7,10 @@
 //! IN.jsonl has one `{"text": "..."}` object per line; OUT.jsonl gets one
 //! `{"scores": {category: score}, "language": "de" | null}` per input line,
 //! in order. Models are read from `$MODERATO_MODELS_DIR` or
-//! `<repository>/models`.
+//! `<repository>/models`. `$MODERATO_NGRAM_MODEL` names a candidate n-gram
+//! model (`train/train_ngrams.py`'s output) to use in place of the one built
+//! into the binary, so that heads trained beside a new n-gram model are
+//! scored without rebuilding.
 
 use std::io::{BufWriter, Write};
 
@@ -28,8 +31,15 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: score HEADS.json IN.jsonl OUT.jsonl");
     };
     let heads = std::fs::read_to_string(heads).with_context(|| format!("reading {heads}"))?;
-    let model =
-        EmbeddingClassifier::load_with_heads(&moderato::config::repository_models_dir(), &heads)?;
+    let models_dir = moderato::config::repository_models_dir();
+    let model = match std::env::var_os("MODERATO_NGRAM_MODEL") {
+        Some(path) => {
+            let ngrams = std::fs::read(&path)
+                .with_context(|| format!("reading {}", path.to_string_lossy()))?;
+            EmbeddingClassifier::load_with_parts(&models_dir, &heads, None, &ngrams)?
+        }
+        None => EmbeddingClassifier::load_with_heads(&models_dir, &heads)?,
+    };
     let texts = read_texts(input)?;
     let mut out = BufWriter::new(
         std::fs::File::create(output).with_context(|| format!("creating {output}"))?,

@@ -5,7 +5,8 @@ them back to the text here).
 
 Ids: convabuse:{split}:{example_id}, toxic_spans:{comment_id},
 davidson:{row}, hh:{line} (the first human turn of harmless-base_test line N),
-hhturn:{line}:{k} (its k-th human turn, k >= 1).
+hhturn:{line}:{k} (its k-th human turn, k >= 1), convprev:{split}:{example_id}
+(ConvAbuse's user turn before that row's).
 
 `python pool.py batches SOURCE SIZE` writes unlabelled batches to
 train/out/labelling/batches/ for the labelling passes (text and, for chat
@@ -29,6 +30,7 @@ LICENCES = {
     "davidson": "MIT",
     "hh": "MIT",
     "hhturn": "MIT",
+    "convprev": "CC-BY-4.0",
 }
 SEED = 20261125
 
@@ -37,9 +39,25 @@ def convabuse():
     for split in ("train", "valid", "test"):
         path = TRAIN / "convabuse" / f"ConvAbuseEMNLP{split}.csv"
         for r in csv.DictReader(open(path, encoding="utf-8", errors="replace")):
-            context = [("user", r["prev_user"]), ("bot", r["prev_agent"])]
-            context = [(who, t.strip()) for who, t in context if t and t.strip() and t.strip() != "nan"]
+            # A row is four turns in order: prev_agent, prev_user, agent, user.
+            context = _turns([("bot", r["prev_agent"]), ("user", r["prev_user"]), ("bot", r["agent"])])
             yield f"convabuse:{split}:{r['example_id']}", r["user"], context
+
+
+def _turns(turns):
+    """The turns that hold text ("_" and "nan" mark a turn that was not there)."""
+    return [(who, t.strip()) for who, t in turns if t and t.strip() not in ("", "_", "nan")]
+
+
+def convabuse_previous():
+    """The user turn before each labelled one (prev_user): the same people's
+    writing, labelled in its own right, with the bot turn before it as context.
+    Id convprev:{split}:{example_id} (the row it is read from)."""
+    for split in ("train", "valid", "test"):
+        path = TRAIN / "convabuse" / f"ConvAbuseEMNLP{split}.csv"
+        for r in csv.DictReader(open(path, encoding="utf-8", errors="replace")):
+            if _turns([("user", r["prev_user"])]):
+                yield f"convprev:{split}:{r['example_id']}", r["prev_user"], _turns([("bot", r["prev_agent"])])
 
 
 def toxic_spans():
@@ -89,7 +107,8 @@ def hh_turns():
                 k += 1
 
 
-SOURCES = {"convabuse": convabuse, "toxic_spans": toxic_spans, "davidson": davidson, "hh": hh, "hhturn": hh_turns}
+SOURCES = {"convabuse": convabuse, "toxic_spans": toxic_spans, "davidson": davidson, "hh": hh, "hhturn": hh_turns,
+           "convprev": convabuse_previous}
 
 
 def validation_keys():
