@@ -63,11 +63,16 @@ REAL_LABELS = ROOT / "train" / "data" / "real_labels.jsonl"
 # texts' self-harm talk pulled "If you are having thoughts of suicide, please
 # reach out to a crisis line." to self-harm 0.75 (heads 2026-11-25.7); with it,
 # 0.43 under the same data. Davidson at 1 was tried again with this weighting
-# (2026-11-26): validation 0.793 -> 0.788, ToxicChat 0.577 -> 0.566.
+# (2026-11-26): validation 0.793 -> 0.788, ToxicChat 0.577 -> 0.566. The later
+# hh-rlhf turns and the earlier ConvAbuse turns (labelled 2026-11-30) are left
+# out too: as heads' rows they moved the validation half's any-category AUPRC
+# by +0.000 and its per-category AUPRC by -0.013 against a refit without them,
+# and through the n-gram model alone by -0.003 and +0.006 (eval/ABLATION-real.md).
 SOURCE_WEIGHTS = json.loads(
     os.environ.get(
         "MODERATO_SOURCE_WEIGHTS",
-        '{"real:toxic_spans": 0, "real:davidson": 0, "own:suicide_prevention": 3, "own:words_of_support": 3}',
+        '{"real:toxic_spans": 0, "real:davidson": 0, "real:hhturn": 0, "real:convprev": 0, '
+        '"own:suicide_prevention": 3, "own:words_of_support": 3}',
     )
 )
 
@@ -75,8 +80,10 @@ SOURCE_WEIGHTS = json.loads(
 # learns from: Toxic Spans' comments and Davidson's tweets are the register of
 # the validation half's web comments, and through the n-gram model's logits
 # their vocabulary reaches the heads without their labels pulling the
-# embedding heads (eval/ABLATION-real.md, 2026-11-26 evening).
-NGRAM_ONLY_SOURCES = {"real:toxic_spans", "real:davidson"}
+# embedding heads (eval/ABLATION-real.md, 2026-11-26 evening). MODERATO_NGRAM_ONLY
+# (a JSON list of sources) replaces the set, for trying another source this way;
+# such a source also needs weight 0 in MODERATO_SOURCE_WEIGHTS.
+NGRAM_ONLY_SOURCES = set(json.loads(os.environ.get("MODERATO_NGRAM_ONLY", '["real:toxic_spans", "real:davidson"]')))
 
 # Heads a source's labels do not teach (train_heads.py reads them as unknown;
 # the n-gram model still learns them): {"source": ["head", ...]}.
