@@ -221,7 +221,10 @@ if __name__ == "__main__" and sys.argv[1] in ("agreement", "disputed", "merge"):
                 "passes": r["passes"], "labels": r["labels"]} for r in rows if r not in undecided]
         # A text put in two batches (two rounds drew it) is labelled twice:
         # the first batch's labels stand, as prepare.py would read them.
-        new = list({r["id"]: r for r in reversed(new)}.values())[::-1]
+        first = {}
+        for r in new:
+            first.setdefault(r["id"], r)
+        new = list(first.values())
         earlier = [json.loads(line) for line in open(out, encoding="utf-8")] if out.exists() else []
         now = {r["id"] for r in new}
         kept = [e for e in earlier if e["id"] not in now]

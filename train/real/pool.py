@@ -35,13 +35,19 @@ LICENCES = {
 SEED = 20261125
 
 
-def convabuse():
+def _convabuse_rows():
+    """(split, row) over ConvAbuse's three splits. A row is four turns in
+    order: prev_agent, prev_user, agent, user."""
     for split in ("train", "valid", "test"):
         path = TRAIN / "convabuse" / f"ConvAbuseEMNLP{split}.csv"
         for r in csv.DictReader(open(path, encoding="utf-8", errors="replace")):
-            # A row is four turns in order: prev_agent, prev_user, agent, user.
-            context = _turns([("bot", r["prev_agent"]), ("user", r["prev_user"]), ("bot", r["agent"])])
-            yield f"convabuse:{split}:{r['example_id']}", r["user"], context
+            yield split, r
+
+
+def convabuse():
+    for split, r in _convabuse_rows():
+        context = _turns([("bot", r["prev_agent"]), ("user", r["prev_user"]), ("bot", r["agent"])])
+        yield f"convabuse:{split}:{r['example_id']}", r["user"], context
 
 
 def _turns(turns):
@@ -53,11 +59,9 @@ def convabuse_previous():
     """The user turn before each labelled one (prev_user): the same people's
     writing, labelled in its own right, with the bot turn before it as context.
     Id convprev:{split}:{example_id} (the row it is read from)."""
-    for split in ("train", "valid", "test"):
-        path = TRAIN / "convabuse" / f"ConvAbuseEMNLP{split}.csv"
-        for r in csv.DictReader(open(path, encoding="utf-8", errors="replace")):
-            if _turns([("user", r["prev_user"])]):
-                yield f"convprev:{split}:{r['example_id']}", r["prev_user"], _turns([("bot", r["prev_agent"])])
+    for split, r in _convabuse_rows():
+        if _turns([("user", r["prev_user"])]):
+            yield f"convprev:{split}:{r['example_id']}", r["prev_user"], _turns([("bot", r["prev_agent"])])
 
 
 def toxic_spans():
@@ -83,7 +87,7 @@ def hh():
                 yield f"hh:{i}", m.group(1), []
 
 
-ASSISTANT = re.compile(r"\n\n(Human|Assistant): (.*?)(?=\n\n(?:Human|Assistant):|\Z)", re.S)
+TURN = re.compile(r"\n\n(Human|Assistant): (.*?)(?=\n\n(?:Human|Assistant):|\Z)", re.S)
 # How much of a conversation a later turn's labeller sees: enough to tell what
 # "yes, do it" answers, not the whole red-team dialogue.
 CONTEXT_TURNS, CONTEXT_CHARS = 4, 400
@@ -96,7 +100,7 @@ def hh_turns():
     (shortened) are the context."""
     with gzip.open(TRAIN / "hh_rlhf" / "harmless-base_test.jsonl.gz", "rt", encoding="utf-8") as f:
         for i, line in enumerate(f):
-            turns = [(who, t.strip()) for who, t in ASSISTANT.findall(json.loads(line)["chosen"])]
+            turns = [(who, t.strip()) for who, t in TURN.findall(json.loads(line)["chosen"])]
             k = 0
             for n, (who, text) in enumerate(turns):
                 if who != "Human":
