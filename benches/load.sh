@@ -7,6 +7,11 @@
 #   short   one short text item a request, with the configured text
 #           classifier and with the trivial `null` one, so that the
 #           service's own overhead around the model is visible;
+#   other   one short text item a request in another language (German,
+#           Spanish, Russian, Arabic, Hindi, Chinese in turn, each as long
+#           as short's English one): such a text always pays for
+#           multilingual-e5 on the accurate path, where short's harmless
+#           English text is settled by the first encoder alone;
 #   mixed1  the texts of benches/texts/mixed.jsonl (people's writing of mixed
 #           lengths, written for the project), one a request;
 #   mixed8  the same texts, eight a request (items + the combined text);
@@ -16,6 +21,7 @@
 #   image   the same screenshot with [ocr] off: the request without the read.
 #
 #   benches/load.sh [duration_s=15] [connections=8] [workloads="short mixed1 mixed8"]
+# (other runs when named: benches/load.sh 15 8 "short other")
 # (the ocr and image workloads run when named: benches/load.sh 15 1 "ocr image")
 #
 # For benches/capacity.sh: BENCH_DATABASE_URL replaces the SQLite file (and
@@ -53,19 +59,31 @@ export MODERATO_TEXT_MODEL__EMBEDDING_CACHE_ENTRIES="${MODERATO_TEXT_MODEL__EMBE
 key=$("$bin" keys create --name bench --tier enterprise --rpm 100000000 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 
 # A wrk script cycling through request bodies; prints the characters of
-# text per request on its first line.
+# text per request on its first line. Its argument is short, other, image, or
+# the number of mixed texts a request.
 bodies() {
-  local per_request="$1"
-  python3 - "$per_request" "$key" <<'PY'
+  local kind="$1"
+  python3 - "$kind" "$key" <<'PY'
 import base64, json, os, sys
-per, key = int(sys.argv[1]), sys.argv[2]
-if per < 0:
+kind, key = sys.argv[1], sys.argv[2]
+per = 1
+if kind == "image":
     png = base64.b64encode(open(os.environ["BENCH_IMAGE"], "rb").read()).decode()
-    texts, per = [], 1
+    texts = []
     reqs = [[{"type": "image", "base64": "data:image/png;base64," + png}]]
-elif per == 0:
-    texts, per = ["Thanks for the quick reply, see you at the meeting tomorrow!"], 1
+elif kind == "short":
+    texts = ["Thanks for the quick reply, see you at the meeting tomorrow!"]
+elif kind == "other":
+    texts = [
+        "Danke für die schnelle Antwort, wir sehen uns morgen beim Treffen!",
+        "Gracias por la rápida respuesta, ¡nos vemos mañana en la reunión!",
+        "Спасибо за быстрый ответ, увидимся завтра на встрече!",
+        "شكرا على الرد السريع، أراك غدا في الاجتماع!",
+        "जल्दी जवाब देने के लिए धन्यवाद, कल मीटिंग में मिलते हैं!",
+        "谢谢你这么快回复，我们明天开会时见！",
+    ]
 else:
+    per = int(kind)
     texts = [json.loads(l)["text"] for l in open("benches/texts/mixed.jsonl", encoding="utf-8")]
     texts = texts[: len(texts) // per * per]
 if texts:
@@ -88,8 +106,8 @@ service_pin=(); client_pin=()
 hook() { if [[ -n "${BENCH_HOOK:-}" ]]; then "$BENCH_HOOK" "$@"; fi; }
 
 run() {
-  local classifier="$1" port="$2" per_request="$3" label="$4" ocr="${5:-false}"
-  bodies "$per_request" > "$work/post.lua"
+  local classifier="$1" port="$2" kind="$3" label="$4" ocr="${5:-false}"
+  bodies "$kind" > "$work/post.lua"
   local chars
   chars=$(head -1 "$work/post.lua" | cut -d' ' -f2)
   MODERATO_ADDR="127.0.0.1:$port" MODERATO_TEXT_CLASSIFIER="$classifier" \
@@ -111,17 +129,18 @@ run() {
 classifier="${MODERATO_BENCH_CLASSIFIER:-minilm}"
 for w in $workloads; do
   case "$w" in
-    short) run "$classifier" 18081 0 "one short text item a request"
-           run null 18082 0 "one short text item a request" ;;
+    short) run "$classifier" 18081 short "one short text item a request"
+           run null 18082 short "one short text item a request" ;;
+    other) run "$classifier" 18087 other "one short text item a request, in another language" ;;
     mixed1) run "$classifier" 18083 1 "mixed-length texts, one a request" ;;
     mixed8) run "$classifier" 18084 8 "mixed-length texts, eight a request" ;;
     ocr|image) export BENCH_IMAGE="$work/screenshot.png"
          cargo run --quiet --example ocr_screenshot -- "$BENCH_IMAGE"
          if [[ "$w" == ocr ]]; then
-           run "$classifier" 18085 -1 "one 1024x768 screenshot with ten lines of text a request, OCR on" true
+           run "$classifier" 18085 image "one 1024x768 screenshot with ten lines of text a request, OCR on" true
          else
-           run "$classifier" 18086 -1 "one 1024x768 screenshot with ten lines of text a request, OCR off" false
+           run "$classifier" 18086 image "one 1024x768 screenshot with ten lines of text a request, OCR off" false
          fi ;;
-    *) echo "unknown workload $w (short, mixed1, mixed8, ocr, image)" >&2; exit 1 ;;
+    *) echo "unknown workload $w (short, other, mixed1, mixed8, ocr, image)" >&2; exit 1 ;;
   esac
 done
