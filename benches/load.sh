@@ -8,10 +8,11 @@
 #           classifier and with the trivial `null` one, so that the
 #           service's own overhead around the model is visible;
 #   other   one short text item a request in another language (German,
-#           Spanish, Russian, Arabic, Hindi, Chinese in turn, each as long
-#           as short's English one): such a text always pays for
-#           multilingual-e5 on the accurate path, where short's harmless
-#           English text is settled by the first encoder alone;
+#           Spanish, Russian, Arabic, Hindi, Chinese in turn, about as long
+#           as short's English one): such a text always pays for both
+#           encoders and the heads for other languages on the accurate
+#           path (short's English text pays for both too: its first-stage
+#           scores pass the second stage's gate);
 #   mixed1  the texts of benches/texts/mixed.jsonl (people's writing of mixed
 #           lengths, written for the project), one a request;
 #   mixed8  the same texts, eight a request (items + the combined text);
