@@ -145,11 +145,20 @@ async fn a_keep_alive_connection_closes_at_its_age_however_busy() {
     );
 }
 
-/// Sends the oversized form and reads its 413: the connection now lingers.
+/// Sends the oversized form, reads its 413, and waits for the server to
+/// shut its side: the connection now lingers. The 413 alone is not enough:
+/// the server registers a connection as lingering after the answer is
+/// flushed, so a busy server could register the next client's connection
+/// first and take it for the older one. It shuts its side only once
+/// registered.
 async fn lingering(app: &TestApp, source: IpAddr) -> Conn {
     let mut conn = Conn::open_from(app, source).await.expect("connect");
     conn.send(oversized_form_head()).await.unwrap();
     assert_eq!(conn.response_within(BOUND).await.expect("413").status, 413);
+    assert!(
+        conn.closed_within(BOUND).await,
+        "the server did not shut its side after the 413"
+    );
     conn
 }
 
